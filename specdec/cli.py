@@ -1,0 +1,218 @@
+"""The ``specdec`` command line: ``generate`` and ``models``.
+
+Every error a user can cause becomes one line on stderr and a non-zero exit, never a traceback.
+Generated text goes to stdout; statistics go to stderr, so the text can be piped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import sys
+from typing import Sequence
+
+from specdec.types import MAX_SPECULATIVE_TOKENS, GenerationResult, SamplingParams, SpecConfig
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", help="target model: a known name (see `specdec models`) or a GGUF path")
+    p.add_argument("--draft", help="draft model: a known name or a GGUF path (same vocabulary as the target)")
+    p.add_argument("--n-ctx", type=int, default=4096, help="context window in tokens (default 4096)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
+
+
+def _add_spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--method", choices=["draft", "ngram", "none"], default="draft", help="proposer (default draft)")
+    p.add_argument(
+        "-k", "--num-speculative-tokens", type=int, default=4, help="draft tokens per target call (default 4)"
+    )
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of all subcommands."""
+    parser = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding for LLMs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text for one prompt")
+    g.add_argument("prompt", nargs="?", help="the prompt; '-' reads stdin")
+    g.add_argument("--file", help="read the prompt from a file")
+    g.add_argument("--raw", action="store_true", help="plain completion: do not apply the chat template")
+    _add_model_args(g)
+    _add_spec_args(g)
+    _add_sampling_args(g)
+    g.add_argument("--stream", action="store_true", help="print text as tokens are committed")
+    g.add_argument("--compare", action="store_true", help="also run plain decoding and compare speed and output")
+    g.add_argument("--show-accepted", action="store_true", help="colour accepted draft tokens (terminal)")
+    g.add_argument("--json", action="store_true", help="print the result and stats as JSON on stdout")
+
+    m = sub.add_parser("models", help="list known and cached models")
+    m.add_argument("--download", metavar="NAME", help="download a known model into the cache now")
+    return parser
+
+
+def _read_prompt(args: argparse.Namespace) -> str:
+    if args.file and args.prompt:
+        raise ValueError("give the prompt either as an argument or with --file, not both")
+    if args.file:
+        try:
+            with open(args.file, encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"cannot read prompt file {args.file}: {e}") from None
+    if args.prompt == "-":
+        return sys.stdin.read()
+    if args.prompt is None:
+        raise ValueError("no prompt given: pass PROMPT, '-' for stdin, or --file PATH")
+    return args.prompt
+
+
+def _check_k(k: int) -> None:
+    if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
+        raise ValueError(f"-k/--num-speculative-tokens must be in 0..{MAX_SPECULATIVE_TOKENS}, got {k}")
+
+
+def _fmt(x: float, spec: str = ".2f") -> str:
+    return "n/a" if x != x else format(x, spec)
+
+
+def format_stats(res: GenerationResult, label: str) -> str:
+    """Human-readable statistics of one generation (several lines)."""
+    s = res.stats
+    by_pos = " ".join(_fmt(a) for a in s.acceptance_by_position) or "n/a"
+    return "\n".join(
+        [
+            f"--- {label} ---",
+            f"new tokens           {s.new_tokens} (prompt {s.prompt_tokens}), finish reason {res.finish_reason}",
+            f"tokens/s             {_fmt(s.tokens_per_second, '.1f')} end to end, "
+            f"{_fmt(s.decode_tokens_per_second, '.1f')} decode; TTFT {s.prefill_seconds:.3f} s",
+            f"target calls         {s.target_calls}",
+            f"mean accepted length {_fmt(s.mean_accepted_length)} tokens per target call",
+            f"acceptance rate      {_fmt(s.acceptance_rate)} ({s.accepted}/{s.proposed} drafts)",
+            f"acceptance by pos.   {by_pos}",
+        ]
+    )
+
+
+def _print_accepted(engine, res: GenerationResult) -> None:
+    from rich.console import Console
+    from rich.text import Text
+
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    out = Text()
+    budget = len(res.text)
+    for tok, acc in zip(res.token_ids, res.accepted_mask):
+        piece = decoder.decode(engine.target.token_bytes(tok))[:budget]
+        budget -= len(piece)
+        out.append(piece, style="green" if acc else None)
+    Console(highlight=False).print(out)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """``specdec generate``: one prompt, text on stdout, stats on stderr."""
+    from specdec.api import load_engine
+
+    _check_k(args.num_speculative_tokens)
+    prompt = _read_prompt(args)
+    if not prompt.strip():
+        raise ValueError("the prompt is empty")
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+        stop=tuple(args.stop),
+    )
+    spec = SpecConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens)
+    if args.n_ctx < 16:
+        raise ValueError(f"--n-ctx must be at least 16, got {args.n_ctx}")
+    engine = load_engine(args.target, args.draft, spec, n_ctx=args.n_ctx, n_threads=args.threads)
+    chat = not args.raw
+    label = f"speculative decoding: {spec.method}, k={spec.k}" if spec.k else "plain decoding"
+    if args.stream:
+        res = None
+        for chunk in engine.stream(prompt, params, spec, chat=chat):
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+            res = chunk.result or res
+        sys.stdout.write("\n")
+    else:
+        res = engine.generate(prompt, params, spec, chat=chat)
+        if args.json:
+            import json
+
+            print(json.dumps({"text": res.text, "token_ids": res.token_ids, "finish_reason": res.finish_reason,
+                              "stats": res.stats.as_dict()}))
+        elif args.show_accepted:
+            _print_accepted(engine, res)
+        else:
+            print(res.text)
+    assert res is not None
+    print(format_stats(res, label), file=sys.stderr)
+    if args.compare:
+        plain = engine.generate(prompt, params, SpecConfig(method="none"), chat=chat)
+        print(format_stats(plain, "plain decoding (same prompt, same settings)"), file=sys.stderr)
+        ratio = res.stats.tokens_per_second / plain.stats.tokens_per_second
+        dratio = res.stats.decode_tokens_per_second / plain.stats.decode_tokens_per_second
+        same = plain.token_ids == res.token_ids
+        n_same = next((i for i, (a, b) in enumerate(zip(plain.token_ids, res.token_ids)) if a != b),
+                      min(len(plain.token_ids), len(res.token_ids)))
+        match = "yes" if same else f"no (first {n_same} tokens equal)"
+        if not params.greedy:
+            match += " (sampling: outputs are equal in distribution, not token for token)"
+        print(f"--- comparison ---\nspeed-up             {ratio:.2f}x end to end, {_fmt(dratio)}x decode\n"
+              f"outputs match        {match}", file=sys.stderr)
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    """``specdec models``: known models, whether each is cached, and where."""
+    from specdec import models
+
+    if args.download:
+        path = models.resolve_model(args.download)
+        print(path)
+        return 0
+    print(f"cache: {models.cache_dir()}")
+    for m in models.list_models():
+        state = "cached" if m.get("cached") else "not downloaded"
+        size = m.get("size", 0) / 1e6
+        print(f"{m['name']:<32} {m.get('role', ''):<7} {size:8.0f} MB  {state:<15} {m.get('path', '')}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``specdec`` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from specdec.backends.base import BackendError
+
+    try:
+        from specdec.models import ModelDownloadError
+    except ImportError:  # pragma: no cover
+        ModelDownloadError = RuntimeError  # type: ignore[misc,assignment]
+    handlers = {"generate": cmd_generate, "models": cmd_models}
+    try:
+        return handlers[args.command](args)
+    except KeyboardInterrupt:
+        print("specdec: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, FileNotFoundError, ModelDownloadError, BackendError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"specdec: error: {msg}", file=sys.stderr)
+        return 2 if isinstance(e, ValueError) else 1
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

