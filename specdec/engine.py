@@ -17,43 +17,11 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from specdec.backends.base import Backend, SequenceCache
-from specdec.proposers import EMPTY_PROPOSAL, PROPOSERS, Proposal, Proposer
+from specdec.proposers import EMPTY_PROPOSAL, PROPOSERS, Proposer
 from specdec.sampling import greedy_tokens, make_rng, probs_from_logits
 from specdec.text import TextAssembler
 from specdec.types import GenerationResult, GenerationStats, SamplingParams, SpecConfig
-from specdec.verify import VerifyResult, verify_greedy, verify_speculative
-
-
-def speculative_step(
-    target: SequenceCache,
-    proposer: Proposer,
-    context: list[int],
-    k: int,
-    params: SamplingParams,
-    rng: np.random.Generator,
-) -> tuple[Proposal, VerifyResult]:
-    """Draft, score in one target call, verify (Leviathan et al. 2023, Algorithm 1).
-
-    Args:
-        target: The request's target sequence; it holds a prefix of ``context`` (or more).
-        proposer: Drafts up to ``k`` tokens.
-        context: ``[L] int`` prompt + committed tokens.
-        k: Largest number of draft tokens (0 = a plain decoding step).
-        params: Sampling parameters shared by draft and target.
-        rng: The request's generator.
-
-    Returns:
-        The proposal and the verification result; the committed block is
-        ``result.tokens(proposal.tokens)``.
-    """
-    proposal = proposer.propose(context, k, params, rng) if k > 0 else EMPTY_PROPOSAL
-    drafts = proposal.tokens
-    logits = target.score(context + drafts, len(drafts) + 1)  # [k+1, V] float32
-    if params.greedy:
-        result = verify_greedy(drafts, greedy_tokens(logits))
-    else:
-        result = verify_speculative(drafts, proposal.probs, probs_from_logits(logits, params), rng)
-    return proposal, result
+from specdec.verify import verify_greedy, verify_speculative
 
 
 @dataclass
@@ -156,79 +124,35 @@ class Engine:
         Raises:
             ValueError: for bad prompts (see :meth:`encode_prompt`).
         """
+        req = self.new_request(prompt, params, spec, chat=chat, proposer=proposer)
+        try:
+            while not req.finished:
+                new, n_logits = req.plan()
+                logits = self.target.eval({req.seq_id: (new, n_logits)})[req.seq_id]
+                yield req.commit(new, logits)
+        finally:
+            req.close()
+
+    def new_request(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        spec: SpecConfig | None = None,
+        chat: bool = False,
+        proposer: Proposer | None = None,
+    ) -> "Request":
+        """Validate a prompt and create its :class:`Request` (reserves a target sequence).
+
+        Raises:
+            ValueError: for bad prompts (see :meth:`encode_prompt`) or a proposer that cannot run.
+        """
         params = params or SamplingParams()
         spec = spec or self.spec
         prompt_ids = self.encode_prompt(prompt, chat=chat)
-        rng = make_rng(params.seed)
-        stats = GenerationStats(prompt_tokens=len(prompt_ids))
-        text = TextAssembler(self.target.token_bytes, params.stop)
-        target = SequenceCache(self.target)
         k_max = spec.k if proposer is None else spec.num_speculative_tokens
         if proposer is None:
             proposer = self._make_proposer(spec)
-        context = list(prompt_ids)
-        generated: list[int] = []
-        accepted_mask: list[bool] = []
-        finish: str | None = None
-        t0 = time.perf_counter()
-        t_first: float | None = None
-        try:
-            if proposer is not None:
-                proposer.prepare(context)
-            while finish is None:
-                # Draft fewer tokens near max_tokens and the end of the context: the target cache
-                # holds context + drafts, and at most k+1 tokens are committed.
-                room = min(params.max_tokens - len(generated), self.n_ctx - len(context)) - 1
-                k = max(0, min(k_max, room)) if t_first is not None else 0
-                proposal, result = speculative_step(target, proposer, context, k, params, rng)
-                block = result.tokens(proposal.tokens)
-                n_before = len(generated)
-                kept = 0
-                for i, tok in enumerate(block):
-                    kept += 1
-                    if tok in self.target.eog_ids:
-                        finish = "stop"
-                        break
-                    generated.append(tok)
-                    accepted_mask.append(i < result.num_accepted)
-                    if text.add(tok):
-                        finish = "stop"
-                    elif len(generated) >= params.max_tokens or len(context) + kept >= self.n_ctx:
-                        finish = "length"
-                    if finish:
-                        break
-                new = block[:kept]
-                context.extend(new)
-                stats.record_step(len(proposal.tokens), result.num_accepted, kept)
-                if proposer is not None and k > 0:
-                    proposer.observe(context, len(proposal.tokens), result.num_accepted)
-                if t_first is None:
-                    t_first = time.perf_counter()
-                if finish:
-                    text.finish()
-                chunk = StreamChunk(
-                    text=text.take_delta(final=finish is not None),
-                    token_ids=generated[n_before:],
-                    accepted=accepted_mask[n_before:],
-                )
-                if finish:
-                    t_end = time.perf_counter()
-                    stats.new_tokens = len(generated)
-                    stats.prefill_seconds = t_first - t0
-                    stats.decode_seconds = t_end - t_first
-                    chunk.finish_reason = finish
-                    chunk.result = GenerationResult(
-                        text=text.text,
-                        token_ids=list(generated),
-                        finish_reason=finish,  # type: ignore[arg-type]
-                        stats=stats,
-                        accepted_mask=accepted_mask,
-                    )
-                yield chunk
-        finally:
-            target.free()
-            if proposer is not None:
-                proposer.close()
+        return Request(self, prompt_ids, params, k_max, proposer)
 
     def generate(
         self,
@@ -258,3 +182,142 @@ def check_vocab_compatible(target: Backend, draft: Backend) -> None:
             f"draft model {draft.name} ({d_n} tokens) and target model {target.name} ({t_n} tokens) "
             "have different vocabularies; speculative decoding needs identical token texts and special ids"
         )
+
+
+class Request:
+    """One request's speculative decoding loop, split at the target call so that a scheduler can put
+    several requests' target tokens into one batch.
+
+    A step (Leviathan et al. 2023, Algorithm 1; gpt-fast's shape): :meth:`plan` lets the proposer draft
+    ``k`` tokens and returns [last committed token] + drafts for the target (the whole prompt on the
+    first step, which is a plain step); the caller evaluates them in ONE backend call; :meth:`commit`
+    verifies the ``[k+1, V]`` logits, commits 1..k+1 tokens and applies the stop conditions. KV caches
+    are rolled back lazily by :class:`~specdec.backends.base.SequenceCache` at the next plan.
+
+    Args:
+        engine: The engine whose models serve the request.
+        prompt_ids: ``[L] int`` prompt token ids, ``1 <= L < engine.n_ctx``.
+        params: Sampling and stopping parameters.
+        k_max: Largest number of draft tokens per step (0 = plain decoding).
+        proposer: The request's own proposer, or ``None`` for plain decoding.
+    """
+
+    def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams, k_max: int,
+                 proposer: Proposer | None):
+        self.engine = engine
+        self.params = params
+        self.k_max = k_max if proposer is not None else 0
+        self.proposer = proposer
+        self.rng = make_rng(params.seed)
+        self.context = list(prompt_ids)
+        self.generated: list[int] = []
+        self.accepted_mask: list[bool] = []
+        self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        self.text = TextAssembler(engine.target.token_bytes, params.stop)
+        self.finish_reason: str | None = None
+        self.result: GenerationResult | None = None
+        self._target = SequenceCache(engine.target)
+        self._proposal = EMPTY_PROPOSAL
+        self._t0 = time.perf_counter()
+        self._t_first: float | None = None
+
+    @property
+    def seq_id(self) -> int:
+        """The target sequence id this request owns."""
+        return self._target.seq_id
+
+    @property
+    def finished(self) -> bool:
+        """True once a finish reason is set."""
+        return self.finish_reason is not None
+
+    def plan(self) -> tuple[list[int], int]:
+        """Draft and return what the target must evaluate.
+
+        Returns:
+            ``(new_tokens, n_logits)``: tokens to append to :attr:`seq_id` and how many trailing
+            positions need logits (``k+1``).
+        """
+        assert not self.finished
+        k = 0
+        if self._t_first is None:
+            if self.proposer is not None:
+                self.proposer.prepare(self.context)
+        else:
+            # Draft fewer tokens near max_tokens and the end of the context: the target cache holds
+            # context + drafts, and at most k+1 tokens are committed.
+            room = min(self.params.max_tokens - len(self.generated), self.engine.n_ctx - len(self.context)) - 1
+            k = max(0, min(self.k_max, room))
+        self._proposal = self.proposer.propose(self.context, k, self.params, self.rng) if k else EMPTY_PROPOSAL
+        n_logits = len(self._proposal.tokens) + 1
+        return self._target.plan(self.context + self._proposal.tokens, n_logits), n_logits
+
+    def commit(self, new: list[int], logits: np.ndarray) -> StreamChunk:
+        """Verify the target's logits and commit the accepted block.
+
+        Args:
+            new: The tokens :meth:`plan` returned (now evaluated).
+            logits: ``[k+1, V] float32`` target logits for [last committed token] + drafts.
+
+        Returns:
+            The chunk of new text and tokens; the last one carries the finish reason and result.
+        """
+        self._target.commit(new)
+        params, drafts = self.params, self._proposal.tokens
+        if params.greedy:
+            result = verify_greedy(drafts, greedy_tokens(logits))
+        else:
+            result = verify_speculative(drafts, self._proposal.probs, probs_from_logits(logits, params), self.rng)
+        block = result.tokens(drafts)
+        n_before = len(self.generated)
+        eog = self.engine.target.eog_ids
+        kept = 0
+        for i, tok in enumerate(block):
+            kept += 1
+            if tok in eog:
+                self.finish_reason = "stop"
+                break
+            self.generated.append(tok)
+            self.accepted_mask.append(i < result.num_accepted)
+            if self.text.add(tok):
+                self.finish_reason = "stop"
+            elif len(self.generated) >= params.max_tokens or len(self.context) + kept >= self.engine.n_ctx:
+                self.finish_reason = "length"
+            if self.finished:
+                break
+        self.context.extend(block[:kept])
+        self.stats.record_step(len(drafts), result.num_accepted, kept)
+        if self.proposer is not None and drafts:
+            self.proposer.observe(self.context, len(drafts), result.num_accepted)
+        now = time.perf_counter()
+        if self._t_first is None:
+            self._t_first = now
+        if self.finished:
+            self.text.finish()
+        chunk = StreamChunk(
+            text=self.text.take_delta(final=self.finished),
+            token_ids=self.generated[n_before:],
+            accepted=self.accepted_mask[n_before:],
+        )
+        if self.finished:
+            self.stats.new_tokens = len(self.generated)
+            self.stats.prefill_seconds = self._t_first - self._t0
+            self.stats.decode_seconds = now - self._t_first
+            chunk.finish_reason = self.finish_reason
+            chunk.result = self.result = GenerationResult(
+                text=self.text.text,
+                token_ids=list(self.generated),
+                finish_reason=self.finish_reason,  # type: ignore[arg-type]
+                stats=self.stats,
+                accepted_mask=self.accepted_mask,
+            )
+        return chunk
+
+    def close(self) -> None:
+        """Free the request's sequences (target and proposer); safe to call twice."""
+        if self._target is not None:
+            self._target.free()
+            self._target = None  # type: ignore[assignment]
+        if self.proposer is not None:
+            self.proposer.close()
+            self.proposer = None

@@ -1,0 +1,67 @@
+"""Shared fixtures: tiny random-weight GGUF models (built once per session) and their backends.
+
+The backends are session-scoped, so a test must free the sequences it reserves; an autouse
+fixture frees any it leaves behind, so that one failing test cannot starve the others of sequences.
+"""
+
+from __future__ import annotations
+
+import pytest
+from tiny_gguf import write_tiny_qwen2_gguf
+
+from specdec.backends.llama_cpp import LlamaCppBackend
+
+TINY_N_CTX = 512
+TINY_N_SEQ_MAX = 4
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "real: needs the real default model pair (about 1.6 GB)")
+
+
+def tiny_backend(path, **kwargs) -> LlamaCppBackend:
+    """A backend on a tiny model with exact numerics (F32 KV cache, no flash attention), so that
+    batched and one-token evaluation agree to ~1e-5."""
+    kwargs = {"n_ctx": TINY_N_CTX, "n_seq_max": TINY_N_SEQ_MAX, **kwargs}
+    return LlamaCppBackend(path, flash_attn=False, kv_cache_type="f32", **kwargs)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("tiny_models")
+
+
+@pytest.fixture(scope="session")
+def tiny_target_path(tiny_model_dir):
+    """A 2-layer tiny qwen2 GGUF (seed 0)."""
+    return write_tiny_qwen2_gguf(tiny_model_dir / "target.gguf", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_path(tiny_model_dir):
+    """A 1-layer tiny qwen2 GGUF (seed 1) with the target's vocabulary."""
+    return write_tiny_qwen2_gguf(tiny_model_dir / "draft.gguf", seed=1, n_layer=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_target_path):
+    """Backend on the tiny target: n_ctx 512, n_seq_max 4."""
+    with tiny_backend(tiny_target_path, name="tiny-target") as backend:
+        yield backend
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tiny_draft_path):
+    """Backend on the tiny draft: n_ctx 512, n_seq_max 4."""
+    with tiny_backend(tiny_draft_path, name="tiny-draft") as backend:
+        yield backend
+
+
+@pytest.fixture(autouse=True)
+def _free_leaked_sequences(request):
+    yield
+    for name in ("tiny_target", "tiny_draft"):
+        if name in request.fixturenames:
+            backend = request.getfixturevalue(name)
+            for seq_id in backend.sequences:
+                backend.free_sequence(seq_id)

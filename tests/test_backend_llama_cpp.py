@@ -1,0 +1,251 @@
+"""LlamaCppBackend on tiny random-weight GGUF models: tokenizer, batched evaluation, rollback, errors."""
+
+import numpy as np
+import pytest
+from conftest import TINY_N_CTX, TINY_N_SEQ_MAX, tiny_backend
+from tiny_gguf import write_tiny_qwen2_gguf
+
+from specdec.backends.base import Backend, BackendError, SequenceCache
+from specdec.backends.llama_cpp import LlamaCppBackend, physical_cores
+
+ATOL = 1e-3
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "héllo wörld ✓ 日本", "  tabs\tand\nnewlines  ", ""]
+
+
+def tokens(n, seed=0, vocab=280):
+    return np.random.default_rng(seed).integers(0, vocab, n).tolist()
+
+
+def one_by_one(backend, seq_id, toks):
+    """[len(toks), V] float32: logits from evaluating one token per call."""
+    return np.concatenate([backend.eval({seq_id: ([t], 1)})[seq_id] for t in toks])
+
+
+@pytest.fixture
+def seq(tiny_target):
+    seq_id = tiny_target.new_sequence()
+    yield seq_id
+    tiny_target.free_sequence(seq_id)
+
+
+def test_is_a_backend(tiny_target):
+    assert isinstance(tiny_target, Backend)
+    assert tiny_target.n_ctx == TINY_N_CTX and tiny_target.n_vocab == 283
+    assert physical_cores() >= 1 and tiny_target.n_threads >= 1
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_tokenize_round_trip(tiny_target, text):
+    ids = tiny_target.tokenize(text)
+    assert all(0 <= i < tiny_target.n_vocab for i in ids)
+    assert b"".join(tiny_target.token_bytes(i) for i in ids) == text.encode("utf-8")
+
+
+def test_multibyte_characters_are_split_into_byte_tokens(tiny_target):
+    ids = tiny_target.tokenize("日本")
+    assert len(ids) == 6 and all(len(tiny_target.token_bytes(i)) == 1 for i in ids)
+
+
+def test_merges_are_used(tiny_target):
+    assert len(tiny_target.tokenize(" the")) == 1  # "Ġ t" then "Ġt he"
+
+
+def test_special_tokens(tiny_target):
+    im_start, im_end = tiny_target.tokenize("<|im_start|><|im_end|>", special=True)
+    assert (im_start, im_end) == (281, 282)
+    assert len(tiny_target.tokenize("<|im_end|>", special=False)) > 1
+    assert tiny_target.token_bytes(im_end) == b""  # control tokens render as nothing
+    assert im_end in tiny_target.eog_ids and 280 in tiny_target.eog_ids
+    assert im_start not in tiny_target.eog_ids
+    assert tiny_target.eog_ids == {280, 282}
+
+
+def test_long_text_tokenizes(tiny_target):
+    text = "日本" * 500  # one token per byte here: more than the first buffer holds
+    assert b"".join(tiny_target.token_bytes(i) for i in tiny_target.tokenize(text)) == text.encode()
+
+
+def test_eval_shapes_and_dtype(tiny_target, seq):
+    out = tiny_target.eval({seq: (tokens(7), 3)})
+    assert set(out) == {seq}
+    assert out[seq].shape == (3, tiny_target.n_vocab) and out[seq].dtype == np.float32
+    assert tiny_target.length(seq) == 7
+    assert tiny_target.eval({seq: ([1, 2], 0)})[seq].shape == (0, tiny_target.n_vocab)
+    assert tiny_target.length(seq) == 9
+
+
+def test_prompt_at_once_equals_token_by_token(tiny_target, seq):
+    toks = tokens(40)
+    batched = tiny_target.eval({seq: (toks, len(toks))})[seq]
+    tiny_target.truncate(seq, 0)
+    np.testing.assert_allclose(batched, one_by_one(tiny_target, seq, toks), atol=ATOL)
+
+
+def test_logits_depend_on_context(tiny_target, seq):
+    a = tiny_target.eval({seq: (tokens(10, seed=1) + [5], 1)})[seq]
+    tiny_target.truncate(seq, 0)
+    b = tiny_target.eval({seq: (tokens(10, seed=2) + [5], 1)})[seq]
+    assert np.abs(a - b).max() > 0.1
+
+
+def test_truncate_then_reeval_reproduces_logits(tiny_target, seq):
+    toks = tokens(30)
+    full = tiny_target.eval({seq: (toks, 30)})[seq]
+    tiny_target.truncate(seq, 20)
+    assert tiny_target.length(seq) == 20
+    tiny_target.eval({seq: (tokens(5, seed=9), 5)})  # a rejected draft
+    tiny_target.truncate(seq, 20)
+    again = tiny_target.eval({seq: (toks[20:], 10)})[seq]
+    np.testing.assert_allclose(again, full[20:], atol=ATOL)
+
+
+def test_sequences_in_one_batch_equal_each_alone(tiny_target):
+    a, b = tiny_target.new_sequence(), tiny_target.new_sequence()
+    pa, pb = tokens(25, seed=1), tokens(13, seed=2)
+    tiny_target.eval({a: (pa[:10], 1), b: (pb[:3], 1)})  # different lengths already in the cache
+    together = tiny_target.eval({a: (pa[10:], 15), b: (pb[3:], 4)})
+    assert together[a].shape == (15, tiny_target.n_vocab) and together[b].shape == (4, tiny_target.n_vocab)
+    for s, p, n in ((a, pa, 15), (b, pb, 4)):
+        tiny_target.truncate(s, 0)
+        alone = tiny_target.eval({s: (p, n)})[s]
+        np.testing.assert_allclose(together[s], alone, atol=ATOL)
+    tiny_target.free_sequence(a)
+    tiny_target.free_sequence(b)
+
+
+def test_split_over_n_batch_equals_one_decode(tiny_target_path, tiny_target, seq):
+    toks = tokens(70)
+    ref = tiny_target.eval({seq: (toks, 70)})[seq]
+    with tiny_backend(tiny_target_path, n_batch=16) as small:
+        a, b = small.new_sequence(), small.new_sequence()
+        out = small.eval({a: (toks, 70), b: (toks[:30], 2)})
+    np.testing.assert_allclose(out[a], ref, atol=ATOL)
+    np.testing.assert_allclose(out[b], ref[28:30], atol=ATOL)
+
+
+def test_every_sequence_gets_the_full_context(tiny_target):
+    ids = [tiny_target.new_sequence() for _ in range(TINY_N_SEQ_MAX)]
+    for i, s in enumerate(ids):
+        tiny_target.eval({s: (tokens(TINY_N_CTX - 1, seed=i), 1)})
+    last = tiny_target.eval({s: ([7], 1) for s in ids})
+    assert all(tiny_target.length(s) == TINY_N_CTX for s in ids)
+    # the last position of a full sequence, evaluated alone, gives the same logits
+    tiny_target.truncate(ids[0], TINY_N_CTX - 1)
+    np.testing.assert_allclose(tiny_target.eval({ids[0]: ([7], 1)})[ids[0]], last[ids[0]], atol=ATOL)
+    for s in ids:
+        tiny_target.free_sequence(s)
+
+
+def test_eval_beyond_n_ctx_raises_and_changes_nothing(tiny_target, seq):
+    tiny_target.eval({seq: (tokens(TINY_N_CTX - 2), 1)})
+    other = tiny_target.new_sequence()
+    with pytest.raises(BackendError, match="context"):
+        tiny_target.eval({other: ([1, 2], 1), seq: ([1, 2, 3], 1)})
+    assert tiny_target.length(seq) == TINY_N_CTX - 2 and tiny_target.length(other) == 0
+    tiny_target.eval({seq: ([1, 2], 1)})  # exactly full is fine
+    tiny_target.free_sequence(other)
+
+
+def test_failed_decode_rolls_back_every_sequence(tiny_target_path, monkeypatch):
+    import specdec.backends.llama_cpp as mod
+
+    real_decode, calls = mod.lc.llama_decode, []
+
+    def flaky_decode(ctx, batch):  # the second chunk fails after the first went into the cache
+        calls.append(batch.n_tokens)
+        return 1 if len(calls) == 2 else real_decode(ctx, batch)
+
+    with tiny_backend(tiny_target_path, n_batch=8) as b:
+        a, c = b.new_sequence(), b.new_sequence()
+        b.eval({a: (tokens(5), 1)})
+        ref = b.eval({a: (tokens(6, seed=1), 1)})[a]
+        b.truncate(a, 5)
+        monkeypatch.setattr(mod.lc, "llama_decode", flaky_decode)
+        with pytest.raises(BackendError, match="llama_decode failed with code 1"):
+            b.eval({a: (tokens(6, seed=1), 1), c: (tokens(6, seed=2), 1)})
+        monkeypatch.setattr(mod.lc, "llama_decode", real_decode)
+        assert (b.length(a), b.length(c)) == (5, 0) and calls == [8, 4]
+        np.testing.assert_allclose(b.eval({a: (tokens(6, seed=1), 1)})[a], ref, atol=ATOL)
+        b.eval({c: (tokens(6, seed=2), 1)})  # stale cells of c would break its positions
+
+
+def test_bad_token_id_raises(tiny_target, seq):
+    with pytest.raises(ValueError, match="token ids"):
+        tiny_target.eval({seq: ([1, tiny_target.n_vocab], 1)})
+    assert tiny_target.length(seq) == 0
+
+
+def test_sequence_pool(tiny_target):
+    ids = [tiny_target.new_sequence() for _ in range(TINY_N_SEQ_MAX)]
+    assert sorted(ids) == list(range(TINY_N_SEQ_MAX))
+    with pytest.raises(BackendError, match="in use"):
+        tiny_target.new_sequence()
+    toks = tokens(12)
+    first = tiny_target.eval({ids[1]: (toks, 1)})[ids[1]]
+    tiny_target.free_sequence(ids[1])
+    with pytest.raises(KeyError):
+        tiny_target.eval({ids[1]: ([1], 1)})
+    reused = tiny_target.new_sequence()
+    assert reused == ids[1] and tiny_target.length(reused) == 0
+    np.testing.assert_allclose(tiny_target.eval({reused: (toks, 1)})[reused], first, atol=ATOL)
+    for s in tiny_target.sequences:
+        tiny_target.free_sequence(s)
+
+
+def test_missing_file():
+    with pytest.raises(FileNotFoundError, match="not found"):
+        LlamaCppBackend("/nonexistent/model.gguf")
+
+
+def test_not_a_gguf_file(tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"<html>404</html>")
+    with pytest.raises(ValueError, match="not a GGUF"):
+        LlamaCppBackend(path)
+
+
+def test_corrupt_gguf_raises_backend_error(tmp_path, tiny_target_path):
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(tiny_target_path.read_bytes()[:5000])
+    with pytest.raises(BackendError, match="could not load"):
+        LlamaCppBackend(path)
+
+
+def test_chat_template(tiny_target):
+    text = tiny_target.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert "<|im_start|>assistant" in text
+
+
+def test_no_chat_template(tmp_path):
+    with tiny_backend(write_tiny_qwen2_gguf(tmp_path / "raw.gguf", chat_template=False)) as b:
+        with pytest.raises(ValueError, match="no chat template; use --raw"):
+            b.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_vocab_fingerprint(tiny_target, tiny_draft, tmp_path):
+    n, digest = tiny_target.vocab_fingerprint()
+    assert n == tiny_target.n_vocab and len(digest) == 64
+    assert tiny_draft.vocab_fingerprint() == (n, digest)
+    with tiny_backend(write_tiny_qwen2_gguf(tmp_path / "more.gguf", extra_vocab=2)) as other:
+        n2, digest2 = other.vocab_fingerprint()
+    assert n2 == n + 2 and digest2 != digest
+
+
+def test_sequence_cache_after_rejection_equals_fresh(tiny_target):
+    cache = SequenceCache(tiny_target)
+    prompt = tokens(20)
+    cache.score(prompt + [3, 4, 5, 6], 5)  # verify four drafts
+    accepted = prompt + [3, 4, 9]  # two accepted, third rejected and replaced
+    got = cache.score(accepted + [10, 11], 3)
+    assert cache.tokens == accepted + [10, 11] and tiny_target.length(cache.seq_id) == 25
+    cache.free()
+    fresh = SequenceCache(tiny_target)
+    np.testing.assert_allclose(got, fresh.score(accepted + [10, 11], 3), atol=ATOL)
+    fresh.free()
+
+
+def test_close_is_idempotent(tiny_target_path):
+    b = tiny_backend(tiny_target_path)
+    b.close()
+    b.close()

@@ -1,0 +1,112 @@
+"""`specdec generate` / `specdec models` on tiny models: output, stats, and one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specdec.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture()
+def models(tiny_target_path, tiny_draft_path):
+    return ["--target", str(tiny_target_path), "--draft", str(tiny_draft_path), "--n-ctx", "256"]
+
+
+def test_generate_prints_text_and_stats(capsys, models):
+    code, out, err = run(capsys, "generate", "Hello there", "--max-tokens", "16", "-k", "3", *models)
+    assert code == 0
+    assert out.strip()
+    for key in ("tokens/s", "target calls", "mean accepted length", "acceptance rate", "acceptance by pos"):
+        assert key in err
+
+
+def test_compare_reports_ratio_and_match(capsys, models):
+    code, out, err = run(capsys, "generate", "Hello there", "--max-tokens", "16", "--compare", *models)
+    assert code == 0
+    assert "speed-up" in err and "outputs match        yes" in err
+
+
+def test_json_stream_raw_and_ngram(capsys, models):
+    code, out, _ = run(capsys, "generate", "abc abc abc", "--raw", "--method", "ngram", "--json",
+                       "--max-tokens", "8", *models)
+    assert code == 0
+    data = json.loads(out)
+    assert data["finish_reason"] in ("stop", "length") and len(data["token_ids"]) <= 8
+    code, streamed, _ = run(capsys, "generate", "abc abc abc", "--raw", "--method", "ngram", "--stream",
+                            "--max-tokens", "8", *models)
+    assert code == 0 and streamed.rstrip("\n") == data["text"]
+
+
+def test_prompt_from_file_and_stdin(capsys, models, tmp_path, monkeypatch):
+    f = tmp_path / "p.txt"
+    f.write_text("Hello there")
+    code, out_file, _ = run(capsys, "generate", "--file", str(f), "--max-tokens", "6", *models)
+    assert code == 0
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hello there"))
+    code, out_stdin, _ = run(capsys, "generate", "-", "--max-tokens", "6", *models)
+    assert code == 0 and out_stdin == out_file
+
+
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [
+        (["   "], "empty"),
+        (["hi", "-k", "-1"], "num-speculative-tokens"),
+        (["hi", "-k", "100000"], "num-speculative-tokens"),
+        (["hi", "--temperature", "-1"], "temperature"),
+        (["hi", "--top-p", "0"], "top_p"),
+        (["hi", "--top-p", "1.5"], "top_p"),
+        (["hi", "--max-tokens", "0"], "max_tokens"),
+        (["x" * 3000, "--raw", "--n-ctx", "64"], "context"),
+        ([], "no prompt"),
+    ],
+)
+def test_bad_input_one_line(capsys, models, extra, fragment):
+    code, out, err = run(capsys, "generate", *extra, *models)
+    assert code != 0
+    assert fragment in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_bad_model_files(capsys, tmp_path, tiny_target_path):
+    code, _, err = run(capsys, "generate", "hi", "--target", str(tmp_path / "missing.gguf"))
+    assert code != 0 and "missing.gguf" in err and len(err.strip().splitlines()) == 1
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a model at all")
+    code, _, err = run(capsys, "generate", "hi", "--target", str(junk), "--method", "none")
+    assert code != 0 and "GGUF" in err and len(err.strip().splitlines()) == 1
+
+
+def test_vocab_mismatch_refused(capsys, tmp_path, tiny_target_path):
+    from tiny_gguf import write_tiny_qwen2_gguf
+
+    other = write_tiny_qwen2_gguf(tmp_path / "other.gguf", seed=5, extra_vocab=3)
+    code, _, err = run(capsys, "generate", "hi", "--target", str(tiny_target_path), "--draft", str(other))
+    assert code != 0 and "vocabularies" in err and len(err.strip().splitlines()) == 1
+
+
+def test_console_script_no_traceback(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "specdec.cli", "generate", "hi", "--target", str(tmp_path / "nope.gguf")],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr and proc.stderr.startswith("specdec: error:")
+
+
+def test_models_lists_known(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    code, out, _ = run(capsys, "models")
+    assert code == 0
+    assert "qwen2.5-coder-1.5b-instruct" in out and "qwen2.5-coder-0.5b-instruct" in out
+    assert "not downloaded" in out
