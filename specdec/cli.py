@@ -1,4 +1,4 @@
-"""The ``specdec`` command line: ``generate`` and ``models``.
+"""The ``specdec`` command line: ``generate``, ``models`` and ``serve``.
 
 Every error a user can cause becomes one line on stderr and a non-zero exit, never a traceback.
 Generated text goes to stdout; statistics go to stderr, so the text can be piped.
@@ -56,6 +56,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("models", help="list known and cached models")
     m.add_argument("--download", metavar="NAME", help="download a known model into the cache now")
+
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching")
+    _add_model_args(s)
+    _add_spec_args(s)
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
+    s.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 (or $SPECDEC_API_KEY)")
+    s.add_argument("--served-model-name", default=None, help="model name clients pass (default: the target's)")
+    s.add_argument("--max-concurrency", type=int, default=8, help="requests decoded together (default 8)")
+    s.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond that; then 429 (default 64)")
+    s.add_argument("--max-tokens-limit", type=int, default=None, help="largest max_tokens (default: the context)")
+    s.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt (default: the context)")
+    s.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
+    s.add_argument("--drain-timeout", type=float, default=120.0, help="seconds to finish requests on SIGTERM")
     return parser
 
 
@@ -190,6 +204,37 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``specdec serve``: load the models, then serve the OpenAI API until SIGINT/SIGTERM."""
+    import os
+
+    from specdec.api import load_engine
+    from specdec.server import ServerConfig, run_server
+
+    _check_k(args.num_speculative_tokens)
+    for name in ("max_concurrency", "max_queue", "max_tokens_limit", "max_prompt_tokens", "max_body_bytes"):
+        value = getattr(args, name)
+        if value is not None and value < (0 if name == "max_queue" else 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    if args.n_ctx < 16:
+        raise ValueError(f"--n-ctx must be at least 16, got {args.n_ctx}")
+    api_key = args.api_key or os.environ.get("SPECDEC_API_KEY") or None
+    if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
+        print(f"specdec: warning: serving on {args.host} without --api-key", file=sys.stderr)
+    spec = SpecConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens)
+    engine = load_engine(args.target, args.draft, spec, n_ctx=args.n_ctx, n_seq_max=args.max_concurrency,
+                         n_threads=args.threads)
+    config = ServerConfig(
+        model_name=args.served_model_name or engine.target.name, api_key=api_key,
+        max_running=args.max_concurrency, max_waiting=args.max_queue, max_body_bytes=args.max_body_bytes,
+        max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens_limit,
+    )
+    run_server(engine, config, host=args.host, port=args.port, drain_timeout=args.drain_timeout)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``specdec`` console script; returns the exit status."""
     parser = build_parser()
@@ -200,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from specdec.models import ModelDownloadError
     except ImportError:  # pragma: no cover
         ModelDownloadError = RuntimeError  # type: ignore[misc,assignment]
-    handlers = {"generate": cmd_generate, "models": cmd_models}
+    handlers = {"generate": cmd_generate, "models": cmd_models, "serve": cmd_serve}
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:

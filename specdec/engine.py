@@ -36,6 +36,10 @@ class Engine:
         if self.spec.method == "draft" and draft is None:
             raise ValueError("method 'draft' needs a draft model; pass one or choose ngram/none")
         self.n_ctx = min(target.n_ctx, draft.n_ctx) if draft is not None else target.n_ctx
+        # The real vocabulary, ids 0..vocab_size-1, shared by target and draft (checked above). Logit rows
+        # past it are padding (Qwen: 151,665 tokens in 151,936 or 152,064 rows): every consumer of logits
+        # slices to it, so a padded id is never proposed, sampled or emitted.
+        self.vocab_size = min(target.n_vocab, target.vocab_fingerprint()[0])
 
     # -- prompts -------------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
@@ -66,7 +70,7 @@ class Engine:
         if spec.method == "draft" and self.draft is None:
             raise ValueError("method 'draft' needs a draft model")
         return PROPOSERS[spec.method](
-            draft=self.draft, vocab_size=self.target.n_vocab, ngram_max=spec.ngram_max, ngram_min=spec.ngram_min
+            draft=self.draft, vocab_size=self.vocab_size, ngram_max=spec.ngram_max, ngram_min=spec.ngram_min
         )
 
     # -- generation ----------------------------------------------------------------------------
@@ -122,7 +126,7 @@ class Engine:
         k_max = spec.k if proposer is None else spec.num_speculative_tokens
         if proposer is None:
             proposer = self._make_proposer(spec)
-        return Request(self, prompt_ids, params, k_max, proposer)
+        return Request(self, prompt_ids, params, k_max, proposer, verify=spec.verify)
 
     def generate(
         self,
@@ -137,6 +141,25 @@ class Engine:
             if chunk.result is not None:
                 return chunk.result
         raise AssertionError("stream ended without a result")
+
+
+    def generate_n(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        spec: SpecConfig | None = None,
+        chat: bool = False,
+    ) -> list[GenerationResult]:
+        """``params.n`` independent samples for one prompt (OpenAI's ``n``), one after another.
+
+        Sample ``i`` runs with ``params.for_sample(i)``: with a seed, each sample has its own derived
+        seed (reproducible, distinct); without one, each draws fresh entropy.
+
+        Returns:
+            ``params.n`` results, in sample order.
+        """
+        params = params or SamplingParams()
+        return [self.generate(prompt, params.for_sample(i), spec, chat) for i in range(params.n)]
 
 
 def check_vocab_compatible(target: Backend, draft: Backend) -> None:

@@ -20,10 +20,10 @@ import numpy as np
 
 from specdec.backends.base import SequenceCache
 from specdec.proposers import EMPTY_PROPOSAL, Proposer
-from specdec.sampling import greedy_tokens, make_rng, probs_from_logits
+from specdec.sampling import SamplingState, make_rng, token_logprob
 from specdec.text import TextAssembler
-from specdec.types import GenerationResult, GenerationStats, SamplingParams
-from specdec.verify import verify_greedy, verify_speculative
+from specdec.types import GenerationResult, GenerationStats, SamplingParams, TokenLogprob
+from specdec.verify import VERIFIERS, verify_greedy
 
 if TYPE_CHECKING:
     from specdec.engine import Engine
@@ -40,6 +40,7 @@ class StreamChunk:
         accepted: One flag per token of ``token_ids``: True where a draft token was accepted.
         finish_reason: Set on the last chunk only: ``"stop"`` or ``"length"``.
         result: Set on the last chunk only: the whole generation.
+        logprobs: One entry per token of ``token_ids`` when ``SamplingParams.logprobs``, else None.
     """
 
     text: str
@@ -47,6 +48,7 @@ class StreamChunk:
     accepted: list[bool] = field(default_factory=list)
     finish_reason: str | None = None
     result: GenerationResult | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 class Request:
@@ -65,14 +67,29 @@ class Request:
         params: Sampling and stopping parameters.
         k_max: Largest number of draft tokens per step (0 = plain decoding).
         proposer: The request's own proposer, or ``None`` for plain decoding.
+        verify: Sampling verifier, a key of :data:`~specdec.verify.VERIFIERS` (``"token"``/``"block"``).
+
+    Sampling: the target's ``k+1`` rows are processed by :class:`~specdec.sampling.SamplingState`, row
+    ``j`` with the history committed tokens + drafts ``1..j`` (penalties, min_tokens), and so is the
+    draft model's ``q``. The request's RNG is consumed only by its own proposer and verifier.
+
+    Raises:
+        ValueError: for ``params.n > 1`` (one request is one sample: use ``params.for_sample(i)``) or a
+            ``logit_bias`` id outside the vocabulary.
     """
 
     def __init__(self, engine: "Engine", prompt_ids: list[int], params: SamplingParams, k_max: int,
-                 proposer: Proposer | None):
+                 proposer: Proposer | None, verify: str = "token"):
+        if params.n != 1:
+            raise ValueError(f"a request is one sample but n={params.n}; use Engine.generate_n or "
+                             "params.for_sample(i) for each sample")
         self.engine = engine
         self.params = params
         self.k_max = k_max if proposer is not None else 0
         self.proposer = proposer
+        self.verifier = VERIFIERS[verify]
+        self.sampling = SamplingState(params, prompt_ids, engine.vocab_size, engine.target.eog_ids)
+        self.logprobs: list[TokenLogprob] | None = [] if params.logprobs else None
         self.rng = make_rng(params.seed)
         self.context = list(prompt_ids)
         self.generated: list[int] = []
@@ -128,11 +145,12 @@ class Request:
             The chunk of new text and tokens; the last one carries the finish reason and result.
         """
         self._target.commit(new)
+        logits = logits[:, : self.engine.vocab_size]  # drop padding rows (see Engine.vocab_size)
         params, drafts = self.params, self._proposal.tokens
         if params.greedy:
-            result = verify_greedy(drafts, greedy_tokens(logits))
+            result = verify_greedy(drafts, self.sampling.argmax(logits, drafts))
         else:
-            result = verify_speculative(drafts, self._proposal.probs, probs_from_logits(logits, params), self.rng)
+            result = self.verifier(drafts, self._proposal.probs, self.sampling.probs(logits, drafts), self.rng)
         block = result.tokens(drafts)
         n_before = len(self.generated)
         eog = self.engine.target.eog_ids
@@ -144,6 +162,9 @@ class Request:
                 break
             self.generated.append(tok)
             self.accepted_mask.append(i < result.num_accepted)
+            self.sampling.extend((tok,))
+            if self.logprobs is not None:  # always the target's row i: speculation never changes it
+                self.logprobs.append(token_logprob(logits[i], tok, params.top_logprobs))
             if self.text.add(tok):
                 self.finish_reason = "stop"
             elif len(self.generated) >= params.max_tokens or len(self.context) + kept >= self.engine.n_ctx:
@@ -163,6 +184,7 @@ class Request:
             text=self.text.take_delta(final=self.finished),
             token_ids=self.generated[n_before:],
             accepted=self.accepted_mask[n_before:],
+            logprobs=None if self.logprobs is None else self.logprobs[n_before:],
         )
         if self.finished:
             self.stats.new_tokens = len(self.generated)
@@ -175,6 +197,7 @@ class Request:
                 finish_reason=self.finish_reason,  # type: ignore[arg-type]
                 stats=self.stats,
                 accepted_mask=self.accepted_mask,
+                logprobs=self.logprobs,
             )
         return chunk
 

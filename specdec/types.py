@@ -20,11 +20,14 @@ This module knows nothing about models, arrays or HTTP.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import operator
 from dataclasses import dataclass, field
 from typing import Literal
 
 FinishReason = Literal["stop", "length"]
 Method = Literal["draft", "ngram", "none"]
+Verify = Literal["token", "block"]
 
 MAX_SPECULATIVE_TOKENS = 64
 """Largest ``num_speculative_tokens`` accepted; beyond this the target's scoring cost dwarfs any gain."""
@@ -40,8 +43,34 @@ class SamplingParams:
         top_p: Nucleus sampling: keep the smallest set of tokens whose probability mass is at least
             ``top_p`` (Holtzman et al. 2019); ``1.0`` disables it. Must lie in (0, 1].
         max_tokens: Largest number of new tokens (end-of-generation tokens excluded); never overshot.
-        stop: Stop strings; the output text is cut before the first occurrence of any of them.
-        seed: Seed of the request's own random generator; ``None`` draws fresh entropy.
+        stop: Stop strings; the output text is cut before the first occurrence of any of them. They
+            are honoured even before ``min_tokens`` is reached (vLLM ignores them until then): the
+            output never runs past a stop string.
+        seed: Seed of the request's own random generator; ``None`` draws fresh entropy. The same seed
+            gives the same tokens for the same prompt, settings and ``k``.
+        min_p: Keep tokens whose probability is at least ``min_p`` times the top token's (after
+            temperature); ``0`` disables it. In [0, 1].
+        repetition_penalty: CTRL-style penalty over prompt AND generated tokens (HF/vLLM): a positive
+            logit is divided by it, a negative one multiplied; ``1`` disables it. Must be > 0.
+        presence_penalty: OpenAI's: ``logit -= presence_penalty`` for every token generated at least
+            once (generated tokens only, not the prompt). In [-2, 2].
+        frequency_penalty: OpenAI's: ``logit -= frequency_penalty * count`` over generated tokens.
+            In [-2, 2].
+        logit_bias: ``{token_id: bias}`` added to the raw logits (OpenAI's); biases in [-100, 100].
+            String keys (JSON) are converted to int.
+        min_tokens: End-of-generation tokens are banned until this many tokens are generated (vLLM's);
+            ``<= max_tokens``.
+        logprobs: Return the log-probability of each generated token. Logprobs are the target model's
+            RAW distribution, ``log_softmax(logits)`` before temperature, penalties, bias and filters
+            (vLLM v1's default), always read from the target's row for that position, so speculation
+            never changes them.
+        top_logprobs: Also return this many most likely tokens per position (0..20; OpenAI's chat
+            field); needs ``logprobs``.
+        n: Independent samples per prompt (:meth:`for_sample`; ``Engine.generate_n``).
+
+    Penalties, ``logit_bias`` and ``min_tokens`` also apply to greedy decoding (it takes the argmax of
+    the penalized logits). Processing order: min_tokens, logit_bias, repetition, frequency and presence
+    penalties, temperature, min-p, top-k, top-p (vLLM v1's).
 
     Raises:
         ValueError: On any out-of-range value, with a message that says what is allowed.
@@ -53,6 +82,15 @@ class SamplingParams:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    min_tokens: int = 0
+    logprobs: bool = False
+    top_logprobs: int = 0
+    n: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -69,6 +107,36 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if any(s == "" for s in self.stop):
             raise ValueError("stop strings must not be empty")
+        if self.seed is not None:
+            try:
+                seed = operator.index(self.seed)
+            except TypeError:
+                seed = -1
+            if seed < 0:
+                raise ValueError(f"seed must be a non-negative integer or None, got {self.seed!r}")
+            object.__setattr__(self, "seed", int(seed))
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1] (0 = disabled), got {self.min_p}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1 = disabled), got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2] (0 = disabled), got {getattr(self, name)}")
+        try:
+            bias = {int(t): float(b) for t, b in dict(self.logit_bias).items()}
+        except (TypeError, ValueError):
+            raise ValueError("logit_bias must map integer token ids to numbers, e.g. {50256: -100}") from None
+        if any(not -100 <= b <= 100 for b in bias.values()):
+            raise ValueError("logit_bias values must be in [-100, 100]")
+        object.__setattr__(self, "logit_bias", bias)
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in 0..max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        if not 0 <= self.top_logprobs <= 20:
+            raise ValueError(f"top_logprobs must be in 0..20, got {self.top_logprobs}")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=True")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
 
     @property
     def greedy(self) -> bool:
@@ -78,6 +146,23 @@ class SamplingParams:
     def replace(self, **changes) -> "SamplingParams":
         """Return a copy with ``changes`` applied (validated again)."""
         return dataclasses.replace(self, **changes)
+
+    def for_sample(self, index: int) -> "SamplingParams":
+        """The parameters of sample ``index`` of ``n``: ``n=1`` and, when seeded, a derived seed.
+
+        Sample 0 keeps ``seed`` (so it equals the ``n=1`` request); sample ``i > 0`` gets the first 8
+        bytes of ``sha256("seed:i")``, so samples are reproducible and distinct. Unseeded samples stay
+        unseeded (fresh entropy each).
+
+        Raises:
+            ValueError: when ``index`` is outside ``0..n-1``.
+        """
+        if not 0 <= index < self.n:
+            raise ValueError(f"sample index must be in 0..{self.n - 1}, got {index}")
+        seed = self.seed
+        if seed is not None and index:
+            seed = int.from_bytes(hashlib.sha256(f"{seed}:{index}".encode()).digest()[:8], "little")
+        return dataclasses.replace(self, n=1, seed=seed)
 
 
 @dataclass(frozen=True)
@@ -89,19 +174,25 @@ class SpecConfig:
         num_speculative_tokens: ``k``, the largest number of draft tokens per target call.
         ngram_max: Longest suffix n-gram the prompt-lookup proposer tries to match.
         ngram_min: Shortest suffix n-gram the prompt-lookup proposer tries to match.
+        verify: ``"token"`` (token-by-token speculative sampling, Leviathan et al. 2023) or ``"block"``
+            (block verification, Sun et al. 2024, arXiv 2403.10444): both lossless; block accepts at
+            least as many tokens in expectation. Greedy decoding verifies by argmax either way.
 
     Raises:
-        ValueError: On an unknown method or an out-of-range number.
+        ValueError: On an unknown method or verifier, or an out-of-range number.
     """
 
     method: Method = "draft"
     num_speculative_tokens: int = 4
     ngram_max: int = 3
     ngram_min: int = 1
+    verify: Verify = "token"
 
     def __post_init__(self) -> None:
         if self.method not in ("draft", "ngram", "none"):
             raise ValueError(f"unknown method {self.method!r}; choose draft, ngram or none")
+        if self.verify not in ("token", "block"):
+            raise ValueError(f"unknown verify {self.verify!r}; choose token or block")
         k = self.num_speculative_tokens
         if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"num_speculative_tokens must be in 0..{MAX_SPECULATIVE_TOKENS}, got {k}")
@@ -202,6 +293,23 @@ class GenerationStats:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """Log-probabilities at one generated position (see ``SamplingParams.logprobs`` for which
+    distribution they come from).
+
+    Attributes:
+        token_id: The generated token.
+        logprob: Its natural-log probability.
+        top_logprobs: ``((token_id, logprob), ...)``, the most likely tokens at this position, most
+            likely first (``SamplingParams.top_logprobs`` of them).
+    """
+
+    token_id: int
+    logprob: float
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class GenerationResult:
     """What :func:`specdec.generate` returns.
 
@@ -212,6 +320,7 @@ class GenerationResult:
             (``max_tokens`` or the context window reached).
         stats: Counters and timings.
         accepted_mask: One flag per token of ``token_ids``: True where a draft token was accepted.
+        logprobs: One entry per token of ``token_ids`` when ``SamplingParams.logprobs``, else None.
     """
 
     text: str
@@ -219,3 +328,4 @@ class GenerationResult:
     finish_reason: FinishReason
     stats: GenerationStats
     accepted_mask: list[bool] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None

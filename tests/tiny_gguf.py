@@ -82,6 +82,8 @@ def write_tiny_qwen2_gguf(
     extra_vocab: int = 0,
     chat_template: bool = True,
     scale: float = 2.5,
+    perturb: float = 0.0,
+    perturb_seed: int = 12345,
 ) -> Path:
     """Write a random-weight qwen2 GGUF model (float32 tensors) and return its path.
 
@@ -100,6 +102,10 @@ def write_tiny_qwen2_gguf(
             whose top probability is mostly between 0.05 and 0.6 (median ~0.25): spread enough for
             sampling tests, peaked enough that greedy decoding is not arbitrary, and greedy
             decoding seldom emits an end-of-generation token at once.
+        perturb: Relative standard deviation of noise added to every random tensor: with the target's
+            ``seed`` and sizes this builds a draft that agrees with the target often but not always
+            (0 = no noise, the default).
+        perturb_seed: Seed of that noise.
 
     Returns:
         ``path`` as a :class:`Path`.
@@ -111,9 +117,13 @@ def write_tiny_qwen2_gguf(
     eos = tokens.index("<|endoftext|>")
     n_embd_kv = n_embd // n_head * n_head_kv
     rng = np.random.default_rng(seed)
+    noise_rng = np.random.default_rng(perturb_seed)
 
     def normal(*shape: int, std: float) -> np.ndarray:
-        return (rng.standard_normal(shape) * std).astype(np.float32)
+        x = rng.standard_normal(shape) * std
+        if perturb:
+            x = x + noise_rng.standard_normal(shape) * (std * perturb)
+        return x.astype(np.float32)
 
     def linear(n_out: int, n_in: int, gain: float = 1.0) -> np.ndarray:
         # [out, in] float32; the writer reverses the dims into ggml's [in, out] order.

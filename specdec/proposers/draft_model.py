@@ -1,8 +1,11 @@
 """Draft-model proposer: a small model sharing the target's vocabulary samples k tokens one by one.
 
 Each draft token is drawn from q, the draft's logits processed by the SAME rules as the target's p
-(temperature, top-k, top-p), so that min(1, p/q) is the right acceptance ratio. At temperature 0 the
-draft is greedy and no q is returned. The draft's KV cache is rolled back through
+(:class:`~specdec.sampling.SamplingState`: penalties, logit_bias, min_tokens, then temperature, min-p,
+top-k, top-p), with the SAME history: draft i follows the committed tokens and drafts 1..i-1, exactly
+like the target's row i. Losslessness needs only that q is the distribution the drafts were drawn from;
+matching the target's processing is what keeps acceptance high. At temperature 0 the draft takes the
+argmax of its processed logits and no q is returned. The draft's KV cache is rolled back through
 :class:`~specdec.backends.base.SequenceCache`, which also covers the all-accepted case where the draft
 never evaluated its own last draft token.
 """
@@ -15,7 +18,7 @@ import numpy as np
 
 from specdec.backends.base import Backend, SequenceCache
 from specdec.proposers.base import EMPTY_PROPOSAL, Proposal, register
-from specdec.sampling import probs_from_logits, sample
+from specdec.sampling import SamplingState, sample
 from specdec.types import SamplingParams
 
 
@@ -32,10 +35,22 @@ class DraftModelProposer:
     def __init__(self, draft: Backend, vocab_size: int | None = None, **_: object):
         self.cache = SequenceCache(draft)
         self.vocab_size = vocab_size or draft.n_vocab
+        self._prompt: list[int] = []
+        self._state: SamplingState | None = None
 
     def prepare(self, context: Sequence[int]) -> None:
-        """Prefill the draft with the prompt."""
+        """Prefill the draft with the prompt (and remember it: penalties count prompt tokens)."""
+        self._prompt = list(context)
+        self._state = None
         self.cache.score(list(context), 1)
+
+    def _sampling_state(self, context: Sequence[int], params: SamplingParams) -> SamplingState:
+        """The request's processing state, synced to ``context`` (prompt + committed tokens)."""
+        if self._state is None or self._state.params != params:
+            prompt = self._prompt if list(context[: len(self._prompt)]) == self._prompt else list(context)
+            self._state = SamplingState(params, prompt, self.vocab_size, self.cache.backend.eog_ids)
+        self._state.sync(context)
+        return self._state
 
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
@@ -43,15 +58,16 @@ class DraftModelProposer:
         """Sample ``k`` draft tokens autoregressively; ``probs`` is ``[k, V] float64`` (None if greedy)."""
         if k <= 0:
             return EMPTY_PROPOSAL
+        state = self._sampling_state(context, params)
         seq = list(context)
         tokens: list[int] = []
         rows: list[np.ndarray] = []
         for _ in range(k):
             logits = self.cache.score(seq, 1)[:, : self.vocab_size]  # [1, V] float32
             if params.greedy:
-                tok = int(np.argmax(logits[0]))
+                tok = int(state.argmax(logits, tokens)[0])
             else:
-                q = probs_from_logits(logits, params)[0]  # [V] float64
+                q = state.probs(logits, tokens)[0]  # [V] float64, history: context + tokens so far
                 tok = sample(q, rng)
                 rows.append(q)
             tokens.append(tok)

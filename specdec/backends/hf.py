@@ -1,0 +1,371 @@
+"""Hugging Face transformers / PyTorch backend: one ``AutoModelForCausalLM`` serving many sequences.
+
+Each sequence owns a ``DynamicCache``. :meth:`HFBackend.eval` scores the new tokens of a sequence in ONE
+forward pass and computes the LM head only for the positions whose logits are wanted
+(``logits_to_keep``), so a prefill costs one vocabulary projection and a verification k+1. Rollback is
+``DynamicCache.crop``: it drops the rejected positions by slicing, and the next forward appends after
+them. Several sequences in one call are evaluated one forward pass each (no left-padded batching yet).
+
+Works on CPU and CUDA in float32, bfloat16 or float16; logits are returned as float32 numpy arrays,
+so the sampling and verification math (:mod:`specdec.sampling`, :mod:`specdec.verify`) is the one
+shared with the llama.cpp backend. Loading (hub names, folders, GGUF files and their dequantized cache)
+lives in :mod:`specdec.backends.hf_loading`.
+
+This module knows token ids, logits and the tokenizer; it knows nothing about sampling, speculation or
+which tokens a cache should hold (that is :class:`~specdec.backends.base.SequenceCache`'s job).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import re
+import struct
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from specdec.backends.base import BackendError
+
+_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def byte_level_decoder() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet inverted: printable symbol -> byte (``"Ġ"`` -> 0x20).
+
+    Byte-level tokenizers (GPT-2, Qwen, Llama 3) store each byte of a token as one printable character;
+    this table maps a token's characters back to its raw bytes (Radford et al. 2019, GPT-2's
+    ``bytes_to_unicode``).
+    """
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def _decoder_kind(tokenizer) -> str:
+    """``"byte_level"``, ``"sentencepiece"`` (``▁`` for space, ``<0xNN>`` byte fallback) or ``"decode"``."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    decoder = getattr(backend, "decoder", None)
+    if decoder is None:
+        return "decode"
+    state = json.loads(decoder.__getstate__())
+    types = {state.get("type")} | {d.get("type") for d in state.get("decoders", [])}
+    if "ByteLevel" in types:
+        return "byte_level"
+    if types & {"ByteFallback", "Metaspace", "Replace"}:
+        return "sentencepiece"
+    return "decode"
+
+
+def _new_cache(config):
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=config)  # transformers >= 4.56 builds per-layer types from the config
+    except TypeError:
+        return DynamicCache()
+
+
+class HFBackend:
+    """A transformers causal LM serving up to ``n_seq_max`` sequences of ``n_ctx`` tokens each.
+
+    Args:
+        model: A loaded ``PreTrainedModel`` with a causal LM head, in eval mode on its device.
+        tokenizer: Its tokenizer (a fast tokenizer for exact :meth:`token_bytes`).
+        n_ctx: Context window per sequence, tokens; capped at the model's ``max_position_embeddings``.
+        n_seq_max: Sequences that can exist at once.
+        name: Human-readable model name.
+        unused_token_ids: Padding ids to leave out of :meth:`vocab_fingerprint` (a dequantized GGUF's
+            ``[PAD...]`` tokens); ids past the tokenizer's length are always left out.
+        n_threads: torch CPU threads (process-wide: ``torch.set_num_threads``); ``None`` leaves torch's.
+
+    Raises:
+        ValueError: on an out-of-range size.
+    """
+
+    def __init__(self, model, tokenizer, *, n_ctx: int = 4096, n_seq_max: int = 8, name: str | None = None,
+                 unused_token_ids: Sequence[int] = (), n_threads: int | None = None):
+        if n_ctx < 1 or n_seq_max < 1:
+            raise ValueError(f"n_ctx and n_seq_max must be >= 1, got {n_ctx}, {n_seq_max}")
+        if n_threads:
+            torch.set_num_threads(n_threads)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.name = name or getattr(model.config, "name_or_path", "") or type(model).__name__
+        max_pos = getattr(model.config, "max_position_embeddings", None) or n_ctx
+        self.n_ctx = min(n_ctx, max_pos)
+        self.n_seq_max = n_seq_max
+        self.n_vocab = int(model.get_output_embeddings().weight.shape[0])
+        self.eog_ids = frozenset(self._eog_ids())
+        self._unused = frozenset(int(i) for i in unused_token_ids)
+        params = inspect.signature(model.forward).parameters
+        # transformers renamed num_logits_to_keep (4.45) to logits_to_keep (4.50); both mean "last n rows"
+        self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
+        # and past_key_values (4.x) to cache (5.x)
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._free_ids = list(range(n_seq_max))
+        self._caches: dict[int, object] = {}
+        self._lengths: dict[int, int] = {}
+        self._kind = _decoder_kind(tokenizer)
+        self._byte_decoder = byte_level_decoder()
+        self._piece_cache: dict[int, bytes] = {}
+        self._fingerprint: tuple[int, str] | None = None
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        self._special = {int(i) for i, t in added.items() if getattr(t, "special", False)}
+        self._special |= {int(i) for i in tokenizer.all_special_ids}
+        self._added_text = {int(i): str(t.content if hasattr(t, "content") else t) for i, t in added.items()}
+
+    @classmethod
+    def load(cls, source: str, *, device: str = "cpu", dtype: str = "float32", n_ctx: int = 4096,
+             n_seq_max: int = 8, n_threads: int | None = None, progress: bool = True) -> "HFBackend":
+        """Load a model from a local folder, a hub name, a GGUF file or a known model name.
+
+        Args:
+            source: See :func:`specdec.backends.hf_loading.resolve_checkpoint`.
+            device: ``cpu``, ``cuda`` or ``cuda:N``.
+            dtype: ``float32``, ``bfloat16`` or ``float16``.
+            n_ctx, n_seq_max, n_threads: As for the constructor.
+            progress: Show download/dequantization progress.
+
+        Raises:
+            ValueError: bad device/dtype, or a checkpoint that cannot be loaded.
+        """
+        from specdec.backends import hf_loading as L
+
+        torch_dtype, torch_device = L.parse_dtype(dtype), L.parse_device(device)
+        if n_threads:
+            torch.set_num_threads(n_threads)
+        checkpoint, name = L.resolve_checkpoint(source, progress=progress)
+        model, tokenizer = L.load_model_and_tokenizer(checkpoint, torch_dtype, torch_device)
+        return cls(model, tokenizer, n_ctx=n_ctx, n_seq_max=n_seq_max, name=name,
+                   unused_token_ids=L.unused_token_ids(checkpoint))
+
+    def _eog_ids(self) -> set[int]:
+        """End-of-generation ids: the generation config's ``eos_token_id`` (int or list) and the
+        tokenizer's eos token, as transformers' ``generate`` stops on them."""
+        ids: set[int] = set()
+        gen = getattr(self.model, "generation_config", None)
+        eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+        for e in (eos if isinstance(eos, (list, tuple)) else [eos]):
+            if e is not None:
+                ids.add(int(e))
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return ids
+
+    # -- sequences -----------------------------------------------------------------------------
+
+    def new_sequence(self) -> int:
+        """Reserve an empty sequence and return its id.
+
+        Raises:
+            BackendError: when all ``n_seq_max`` sequences are in use.
+        """
+        if not self._free_ids:
+            raise BackendError(f"all {self.n_seq_max} sequences of {self.name} are in use; raise n_seq_max")
+        seq_id = self._free_ids.pop(0)
+        self._caches[seq_id] = _new_cache(self.model.config)
+        self._lengths[seq_id] = 0
+        return seq_id
+
+    def free_sequence(self, seq_id: int) -> None:
+        """Drop the sequence's KV cache and make its id reusable."""
+        self._check_seq(seq_id)
+        del self._caches[seq_id], self._lengths[seq_id]
+        self._free_ids.append(seq_id)
+        self._free_ids.sort()
+
+    @property
+    def sequences(self) -> tuple[int, ...]:
+        """Ids of the sequences in use, ascending."""
+        return tuple(sorted(self._lengths))
+
+    def length(self, seq_id: int) -> int:
+        """Tokens currently held in the KV cache of ``seq_id``."""
+        self._check_seq(seq_id)
+        return self._lengths[seq_id]
+
+    def truncate(self, seq_id: int, n_tokens: int) -> None:
+        """Keep the first ``n_tokens`` positions of the sequence's KV cache, drop the rest.
+
+        ``DynamicCache.crop`` with a negative count removes that many trailing positions in every layer
+        (a slice, no copy); transformers 4.45+ and 5.x agree on that form.
+        """
+        self._check_seq(seq_id)
+        length = self._lengths[seq_id]
+        assert 0 <= n_tokens <= length, (n_tokens, length)
+        if n_tokens == length and self._caches[seq_id] is not None:
+            return
+        if n_tokens == 0:
+            self._caches[seq_id] = _new_cache(self.model.config)
+        elif self._caches[seq_id] is None:
+            raise BackendError(f"sequence {seq_id} lost its cache in a failed forward pass; truncate it to 0 or free it")
+        else:
+            self._caches[seq_id].crop(n_tokens - length)
+        self._lengths[seq_id] = n_tokens
+
+    def _check_seq(self, seq_id: int) -> None:
+        if seq_id not in self._lengths:  # KeyError: a caller's bug, not a library failure
+            raise KeyError(f"sequence {seq_id} is not in use (call new_sequence first)")
+
+    # -- evaluation ----------------------------------------------------------------------------
+
+    def eval(self, batch: dict[int, tuple[Sequence[int], int]]) -> dict[int, np.ndarray]:
+        """Append tokens to several sequences, one forward pass per sequence.
+
+        Args:
+            batch: ``seq_id -> (tokens, n_logits)``; the tokens continue the sequence at its current
+                length, and logits are returned for the last ``n_logits`` of them.
+
+        Returns:
+            ``seq_id -> [n_logits, n_vocab] float32`` logits (row i predicts the token after the i-th of
+            the last ``n_logits`` tokens).
+
+        Raises:
+            BackendError: when a sequence would exceed ``n_ctx`` (nothing is evaluated then) or the
+                forward pass fails (every sequence is rolled back to its length before the call).
+            ValueError: on a token id outside ``0..n_vocab-1``.
+        """
+        for seq_id, (tokens, n_logits) in batch.items():
+            self._check_seq(seq_id)
+            n = len(tokens)
+            assert 0 <= n_logits <= n, (n_logits, n)
+            if self._lengths[seq_id] + n > self.n_ctx:
+                raise BackendError(
+                    f"sequence {seq_id} would hold {self._lengths[seq_id] + n} tokens, over the context of {self.n_ctx}"
+                )
+            if n and not all(0 <= int(t) < self.n_vocab for t in tokens):
+                raise ValueError(f"token ids must lie in 0..{self.n_vocab - 1}")
+        before = {s: self._lengths[s] for s in batch}
+        result: dict[int, np.ndarray] = {}
+        current = None
+        try:
+            with torch.inference_mode():
+                for current, (tokens, n_logits) in batch.items():
+                    result[current] = self._forward(current, tokens, n_logits)
+        except BaseException as e:
+            for s, n in before.items():  # leave no half-evaluated sequence behind
+                if s == current:
+                    # A forward that failed part-way may have appended to some layers only: the cache
+                    # cannot be trusted. Only truncate(seq_id, 0) (or free) revives the sequence.
+                    self._caches[s] = None
+                elif self._lengths[s] > n:
+                    self.truncate(s, n)
+            if isinstance(e, RuntimeError):  # torch's errors, CUDA out-of-memory included
+                raise BackendError(f"{self.name}: forward pass failed: {e}") from e
+            raise
+        return result
+
+    def _forward(self, seq_id: int, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        """One forward pass of ``tokens`` on top of the sequence's cache; ``[n_logits, V] float32``."""
+        if self._caches[seq_id] is None:
+            raise BackendError(f"sequence {seq_id} lost its cache in a failed forward pass; truncate it to 0 or free it")
+        if not tokens:
+            return np.empty((0, self.n_vocab), np.float32)
+        ids = torch.tensor([list(map(int, tokens))], dtype=torch.long, device=self.device)
+        keep = max(n_logits, 1)  # logits_to_keep=0 would mean "all positions"
+        kwargs = {self._cache_kw: self._caches[seq_id]}
+        if self._keep_kw:
+            kwargs[self._keep_kw] = keep
+        out = self.model(input_ids=ids, use_cache=True, **kwargs)
+        self._caches[seq_id] = out[self._cache_kw]
+        self._lengths[seq_id] += len(tokens)
+        logits = out.logits[0, out.logits.shape[1] - n_logits:]  # [n_logits, V]
+        return logits.to(device="cpu", dtype=torch.float32).numpy()
+
+    # -- tokenizer -----------------------------------------------------------------------------
+
+    def tokenize(self, text: str, special: bool = False) -> list[int]:
+        """Text to token ids, never adding BOS/EOS; ``special=True`` parses control tokens written in
+        the text (``<|im_start|>``) as single tokens, ``False`` tokenizes them as plain text."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=not special))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes of one token (may be part of a UTF-8 character).
+
+        Byte-level BPE symbols are mapped back to bytes (``"Ġ"`` -> ``b" "``); SentencePiece pieces
+        give ``▁`` -> space and ``<0xNN>`` -> that byte. Special (control) tokens give ``b""``, as the
+        llama.cpp backend renders them; other added tokens give their text.
+        """
+        piece = self._piece_cache.get(token_id)
+        if piece is None:
+            piece = self._piece_cache[token_id] = self._render(token_id)
+        return piece
+
+    def _render(self, token_id: int) -> bytes:
+        if token_id in self._special or not 0 <= token_id < len(self.tokenizer):
+            return b""
+        if token_id in self._added_text:
+            return self._added_text[token_id].encode("utf-8")
+        if self._kind == "decode":
+            return self.tokenizer.decode([token_id]).encode("utf-8")
+        token = self.tokenizer.convert_ids_to_tokens(token_id)
+        if token is None:
+            return b""
+        if self._kind == "byte_level":
+            table = self._byte_decoder
+            if all(c in table for c in token):
+                return bytes(table[c] for c in token)
+            return token.encode("utf-8")
+        m = _BYTE_TOKEN.match(token)
+        return bytes([int(m.group(1), 16)]) if m else token.replace("\u2581", " ").encode("utf-8")
+
+    def vocab_fingerprint(self) -> tuple[int, str]:
+        """``(n_real_tokens, sha256 hex)`` of the vocabulary, for matching a draft to a target.
+
+        Real tokens are the tokenizer's ids below ``n_vocab`` that are not padding (the logits' extra
+        rows past the tokenizer, e.g. 151,936 or 152,064 rows for Qwen's 151,665 tokens, and a
+        dequantized GGUF's ``[PAD...]`` tokens), so models that differ only in padding match. The
+        digest covers each real token's id and stored text and the eos/bos/pad ids.
+        """
+        if self._fingerprint is None:
+            h, n_real = hashlib.sha256(), 0
+            n = min(self.n_vocab, len(self.tokenizer))
+            texts = self.tokenizer.convert_ids_to_tokens(list(range(n)))
+            for i, text in enumerate(texts):
+                if i in self._unused or text is None:
+                    continue
+                data = text.encode("utf-8")
+                h.update(struct.pack("<ii", i, len(data)))
+                h.update(data)
+                n_real += 1
+            tok = self.tokenizer
+            specials = [tok.eos_token_id, tok.bos_token_id, tok.pad_token_id]
+            h.update(struct.pack("<3i", *(-1 if x is None else int(x) for x in specials)))
+            self._fingerprint = (n_real, h.hexdigest())
+        return self._fingerprint
+
+    # -- chat template -------------------------------------------------------------------------
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        """Render chat messages with the tokenizer's chat template, ending with the assistant prompt.
+
+        Raises:
+            ValueError: when the model has no chat template, or the template fails on the messages.
+        """
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"model {self.name} has no chat template; use --raw")
+        import jinja2
+
+        try:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except jinja2.TemplateError as e:
+            raise ValueError(f"chat template of {self.name} failed: {e}; use --raw") from e
+
+    def close(self) -> None:
+        """Drop every sequence's cache (the model itself is freed with the last reference)."""
+        self._caches.clear()
+        self._lengths.clear()
+        self._free_ids = list(range(self.n_seq_max))
+
+    def __repr__(self) -> str:
+        return f"HFBackend({self.name!r}, device={self.device}, n_ctx={self.n_ctx}, n_seq_max={self.n_seq_max})"

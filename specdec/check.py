@@ -1,0 +1,285 @@
+"""``specdec check``: test that speculative decoding reproduces the target's distribution.
+
+The first ``depth`` generated tokens are sampled many times with speculation on, and their empirical
+joint distribution is compared with the EXACT one, computed from the target alone:
+``P(x_1..x_d) = prod_i p(x_i | prompt, x_<i)`` with ``p`` processed exactly as plain decoding does
+(penalties, min_tokens, temperature, filters). The engine's first token comes from the prefill (a plain
+step), so ``depth = 3`` covers the first two tokens of the first speculative block.
+
+Cells: the prefix tree is expanded only where a prefix's expected count ``N * P`` reaches
+``min_expected`` (one target call per expanded prefix); children below it are pooled per parent, and
+pools below it into one "rest" cell, so every cell has a usable expected count (Cochran's rule for
+Pearson's chi-square). End of generation is one terminal symbol.
+
+Numerics: llama.cpp's batched kernels give slightly different logits for different batch shapes, so
+each exact row is computed in a batch of the same shape as the engine's verification step
+([prefix] + filler, ``k+1`` tokens), which makes the rows the engine uses on the accepted path
+bit-identical to the exact ones.
+
+This module knows the engine's public pieces (requests, backends, sampling state); it does not know
+the command line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from specdec.backends.base import SequenceCache
+from specdec.sampling import SamplingState
+from specdec.types import SamplingParams, SpecConfig
+
+EOG = -1
+"""The terminal symbol standing for any end-of-generation token."""
+
+OTHER = -2
+"""Child key of a parent's pooled cell (its children whose expected count is too small)."""
+
+NextDist = Callable[[tuple[int, ...]], np.ndarray]
+"""``prefix -> [V] float64``: the processed target distribution of the token after prompt + prefix."""
+
+
+@dataclass
+class CellTable:
+    """Exact probabilities of the cells of the first ``depth`` tokens.
+
+    Attributes:
+        probs: ``[C] float64`` cell probabilities, summing to 1.
+        labels: ``[C]`` token-id tuples naming each cell (``EOG``/``OTHER`` symbols; ``()`` = rest).
+        depth: Tokens per sequence.
+        n_evals: Target distributions computed (expanded prefixes).
+    """
+
+    probs: np.ndarray
+    labels: list[tuple[int, ...]]
+    depth: int
+    n_evals: int
+    _leaf: dict[tuple[int, ...], int]
+    _inner: set[tuple[int, ...]]
+
+    def cell_of(self, seq: Sequence[int]) -> int:
+        """The cell of a sampled sequence (``depth`` tokens, or fewer ending with ``EOG``)."""
+        node: tuple[int, ...] = ()
+        for tok in seq:
+            child = node + (int(tok),)
+            if child in self._leaf:
+                return self._leaf[child]
+            if child not in self._inner:
+                break
+            node = child
+        return self._leaf[node + (OTHER,)]
+
+
+def exact_cells(next_dist: NextDist, depth: int, n_samples: int, eog_ids: Iterable[int],
+                min_expected: float = 5.0) -> CellTable:
+    """Expand the prefix tree of the first ``depth`` tokens and pool small cells.
+
+    Args:
+        next_dist: Exact next-token distribution of a prefix (generated tokens only).
+        depth: Tokens per sequence (>= 1).
+        n_samples: ``N``, the sample count the cells are sized for.
+        eog_ids: End-of-generation token ids (merged into the terminal symbol ``EOG``).
+        min_expected: Smallest expected count of a cell of its own.
+
+    Returns:
+        The cell table.
+    """
+    eog = np.array(sorted(eog_ids), dtype=np.int64)
+    thr = min_expected / n_samples
+    cells: dict[tuple[int, ...], float] = {}
+    inner: set[tuple[int, ...]] = set()
+    n_evals = 0
+    stack: list[tuple[tuple[int, ...], float]] = [((), 1.0)]
+    while stack:
+        node, mass = stack.pop()
+        dist = np.array(next_dist(node), dtype=np.float64)
+        n_evals += 1
+        p_eog = float(dist[eog].sum()) if len(eog) else 0.0
+        dist[eog] = 0.0
+        pooled = 0.0
+        children = [(EOG, p_eog)] + [(int(t), float(dist[t])) for t in np.flatnonzero(dist)]
+        for tok, p in children:
+            m = mass * p
+            if m <= 0:
+                continue
+            if m < thr:
+                pooled += m
+            elif tok == EOG or len(node) + 1 == depth:
+                cells[node + (tok,)] = m
+            else:
+                inner.add(node + (tok,))
+                stack.append((node + (tok,), m))
+        cells[node + (OTHER,)] = pooled
+    # pools and leaves too small for a cell of their own go to one "rest" cell
+    labels = [key for key, m in cells.items() if m >= thr]
+    rest = sum(m for m in cells.values() if m < thr)
+    probs = [cells[key] for key in labels]
+    leaf = {key: i for i, key in enumerate(labels)}
+    rest_index = len(labels)
+    if rest >= thr or not labels:
+        labels.append(())
+        probs.append(rest)
+    else:  # too small even pooled: fold into the smallest cell
+        rest_index = int(np.argmin(probs))
+        probs[rest_index] += rest
+    for key, m in cells.items():
+        if m < thr:
+            leaf[key] = rest_index
+    p = np.array(probs)
+    return CellTable(probs=p / p.sum(), labels=labels, depth=depth, n_evals=n_evals, _leaf=leaf, _inner=inner)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Goodness of fit of sampled sequences to a :class:`CellTable`.
+
+    Attributes:
+        counts: ``[C] int64`` observed counts.
+        chi2: Pearson's statistic.
+        dof: Degrees of freedom, ``C - 1``.
+        p_value: ``P(chi2_dof >= chi2)``.
+        tv: Total-variation distance between the empirical and the exact cell distribution.
+        tv_noise: Mean TV of ``N`` exact samples (what sampling noise alone gives), by simulation.
+    """
+
+    counts: np.ndarray
+    chi2: float
+    dof: int
+    p_value: float
+    tv: float
+    tv_noise: float
+
+
+def goodness_of_fit(table: CellTable, seqs: Sequence[Sequence[int]]) -> Fit:
+    """Pearson's chi-square test of the sampled sequences against the exact cell probabilities."""
+    from scipy import stats
+
+    n = len(seqs)
+    counts = np.bincount([table.cell_of(s) for s in seqs], minlength=len(table.probs))
+    expected = n * table.probs
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    dof = max(len(counts) - 1, 1)
+    tv = 0.5 * float(np.abs(counts / n - table.probs).sum())
+    sim = np.random.default_rng(0).multinomial(n, table.probs, size=200) / n
+    tv_noise = 0.5 * float(np.abs(sim - table.probs).sum(axis=1).mean())
+    return Fit(counts=counts, chi2=chi2, dof=dof, p_value=float(stats.chi2.sf(chi2, dof)), tv=tv, tv_noise=tv_noise)
+
+
+def target_next_dist(engine, prompt_ids: Sequence[int], params: SamplingParams, k: int) -> NextDist:
+    """Exact next-token distributions from the target alone, processed like plain decoding.
+
+    Each row is evaluated in a batch shaped like the engine's (the prefill for the empty prefix; the
+    prefix plus filler tokens, ``k+1`` in all, for the others).
+    """
+    cache = SequenceCache(engine.target)
+    prompt = list(prompt_ids)
+    root = cache.score(prompt, 1)
+
+    def next_dist(prefix: tuple[int, ...]) -> np.ndarray:
+        if prefix:
+            batch = list(prefix) + [prefix[-1]] * max(0, k + 1 - len(prefix))
+            row = cache.score(prompt + batch, len(batch))[len(prefix) - 1 : len(prefix)]
+        else:
+            row = root
+        state = SamplingState(params, prompt, engine.target.n_vocab, engine.target.eog_ids)
+        state.extend(prefix)
+        if params.greedy:
+            out = np.zeros(row.shape[-1])
+            out[int(state.argmax(row)[0])] = 1.0
+            return out
+        return state.probs(row)[0]
+
+    next_dist.close = cache.free  # type: ignore[attr-defined]
+    return next_dist
+
+
+def sample_prefixes(engine, prompt_ids: Sequence[int], params: SamplingParams, spec: SpecConfig, n: int,
+                    depth: int) -> tuple[list[tuple[int, ...]], dict]:
+    """Sample the first ``depth`` tokens ``n`` times with speculation (``EOG`` ends a sequence early).
+
+    A seeded ``params`` gives sample ``i`` the seed of ``params.replace(n=n).for_sample(i)``.
+
+    Returns:
+        ``(sequences, stats)``: stats hold ``proposed``, ``accepted`` and ``target_calls`` totals.
+    """
+    eog = engine.target.eog_ids
+    many = params.replace(n=n, max_tokens=max(params.max_tokens, depth + spec.k + 1))
+    seqs, totals = [], {"proposed": 0, "accepted": 0, "target_calls": 0, "committed": 0}
+    for i in range(n):
+        req = engine.new_request(list(prompt_ids), many.for_sample(i), spec)
+        try:
+            while not req.finished and len(req.generated) < depth:
+                new, n_logits = req.plan()
+                logits = engine.target.eval({req.seq_id: (new, n_logits)})[req.seq_id]
+                req.commit(new, logits)
+        finally:
+            req.close()
+        seq = tuple(req.generated[:depth])
+        if len(seq) < depth:
+            assert req.context[-1] in eog, "a sample ended early without an end-of-generation token"
+            seq += (EOG,)
+        seqs.append(seq)
+        for key in totals:
+            totals[key] += getattr(req.stats, key)
+    return seqs, totals
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Outcome of :func:`run_check`."""
+
+    table: CellTable
+    fit: Fit
+    n_samples: int
+    alpha: float
+    stats: dict
+
+    @property
+    def passed(self) -> bool:
+        """True when the chi-square test does not reject at level ``alpha``."""
+        return self.fit.p_value >= self.alpha
+
+    def report(self) -> str:
+        """Human-readable lines: counts, TV distance, p-value, PASS/FAIL."""
+        s, f = self.stats, self.fit
+        acc = s["accepted"] / s["proposed"] if s["proposed"] else float("nan")
+        mal = s["committed"] / s["target_calls"] if s["target_calls"] else float("nan")
+        return "\n".join([
+            f"samples              {self.n_samples} with speculation (first {self.table.depth} tokens each); "
+            f"acceptance rate {acc:.2f}, mean accepted length {mal:.2f}",
+            f"exact distribution   {self.table.n_evals} target evaluations, {len(self.table.probs)} cells "
+            f"(expected count >= 5 each, small ones pooled)",
+            f"largest cells        " + ", ".join(f"{c}/{e:.1f}" for c, e in self._top(5)) + " (observed/expected)",
+            f"total variation      {f.tv:.4f} (sampling noise alone gives {f.tv_noise:.4f} on average)",
+            f"chi-square           {f.chi2:.1f} on {f.dof} degrees of freedom, p-value {f.p_value:.4f}",
+            f"result               {'PASS' if self.passed else 'FAIL'} (alpha {self.alpha})",
+        ])
+
+    def _top(self, n: int) -> list[tuple[int, float]]:
+        order = np.argsort(-self.table.probs)[:n]
+        return [(int(self.fit.counts[i]), float(self.n_samples * self.table.probs[i])) for i in order]
+
+
+def run_check(engine, prompt_ids: Sequence[int], params: SamplingParams, spec: SpecConfig,
+              n_samples: int = 400, depth: int = 3, alpha: float = 0.01) -> CheckResult:
+    """Sample with speculation and test the result against the exact target distribution.
+
+    Raises:
+        ValueError: for greedy ``params`` (nothing random to test), ``spec.k == 0``, or bad counts.
+    """
+    if params.greedy:
+        raise ValueError("check needs sampling: pass --temperature > 0 (greedy output is compared "
+                         "token for token by `specdec generate --compare`)")
+    if spec.k == 0:
+        raise ValueError("check needs speculation: choose --method draft or ngram with -k >= 1")
+    if n_samples < 20 or not 1 <= depth <= 4 or not 0 < alpha < 1:
+        raise ValueError("need --samples >= 20, --depth in 1..4 and --alpha in (0, 1)")
+    next_dist = target_next_dist(engine, prompt_ids, params, spec.k)
+    try:
+        table = exact_cells(next_dist, depth, n_samples, engine.target.eog_ids)
+    finally:
+        next_dist.close()  # type: ignore[attr-defined]
+    seqs, stats = sample_prefixes(engine, prompt_ids, params, spec, n_samples, depth)
+    return CheckResult(table=table, fit=goodness_of_fit(table, seqs), n_samples=n_samples, alpha=alpha, stats=stats)

@@ -1,0 +1,139 @@
+"""Prometheus metrics of the server, each with its definition in the help text.
+
+Names follow vLLM's where one exists (``vllm:spec_decode_num_drafts`` -> ``specdec_spec_decode_num_drafts``)
+so existing dashboards translate. The speculative terms (proposed, accepted, mean accepted length) mean
+what :mod:`specdec.types` defines. Each :class:`ServerMetrics` owns its registry, so several servers in
+one process (tests) do not collide.
+
+The scheduler calls :meth:`ServerMetrics.request_started`, :meth:`~ServerMetrics.step` and
+:meth:`~ServerMetrics.request_finished` from its thread; prometheus-client's metrics are thread-safe.
+This module knows jobs, chunks and stats, not HTTP.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+                   20.0, 40.0, 80.0)
+"""Histogram bucket bounds, seconds."""
+
+
+class ServerMetrics:
+    """The server's counters, gauges and histograms.
+
+    Args:
+        num_waiting: Returns the number of requests waiting for a slot (read at scrape time).
+        num_running: Returns the number of requests in the running batch.
+    """
+
+    def __init__(self, num_waiting: Callable[[], int] = lambda: 0, num_running: Callable[[], int] = lambda: 0):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "specdec_requests", "Requests that left the running batch, by finish_reason: stop (end-of-generation "
+            "token or stop string), length (max_tokens or the context reached), cancelled (client gone), error.",
+            ["finish_reason"], registry=r)
+        self.rejected = Counter(
+            "specdec_requests_rejected", "Requests refused before queuing, by reason: queue_full (HTTP 429), "
+            "shutting_down (HTTP 503). Invalid requests (4xx) are not counted.", ["reason"], registry=r)
+        self.prompt_tokens = Counter(
+            "specdec_prompt_tokens", "Prompt tokens of admitted requests (chat template included).", registry=r)
+        self.generation_tokens = Counter(
+            "specdec_generation_tokens", "Generated tokens delivered to clients (end-of-generation tokens excluded).",
+            registry=r)
+        self.ttft = Histogram(
+            "specdec_time_to_first_token_seconds", "Time to first token: seconds from the request's arrival at "
+            "the scheduler (queue time included) to the commit of its first generated token.",
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram(
+            "specdec_inter_token_latency_seconds", "Inter-token latency: seconds between two consecutive commits "
+            "of one request divided by the tokens in the later commit; a block of n tokens is observed n times.",
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram(
+            "specdec_e2e_request_latency_seconds", "Seconds from arrival to the last token, for requests that "
+            "finished with stop or length.", buckets=LATENCY_BUCKETS, registry=r)
+        Gauge("specdec_num_requests_waiting", "Queue length: requests waiting for a free slot in the running batch.",
+              registry=r).set_function(num_waiting)
+        Gauge("specdec_num_requests_running", "Requests in the running batch (sharing target forward passes).",
+              registry=r).set_function(num_running)
+        self.target_calls = Counter(
+            "specdec_spec_decode_target_calls", "Target forward passes per request (a batched pass counts once "
+            "per request in it), the prompt's prefill included.", registry=r)
+        self.committed = Counter(
+            "specdec_spec_decode_committed_tokens", "Tokens committed by target calls: accepted drafts plus the "
+            "recovered or bonus token (minus tokens cut by a stop condition).", registry=r)
+        self.drafts = Counter(
+            "specdec_spec_decode_num_drafts", "Drafts: target calls that verified at least one draft token.",
+            registry=r)
+        self.draft_tokens = Counter(
+            "specdec_spec_decode_num_draft_tokens", "Draft tokens proposed (handed to the verifier).", registry=r)
+        self.accepted_tokens = Counter(
+            "specdec_spec_decode_num_accepted_tokens", "Draft tokens accepted by the verifier. Acceptance rate = "
+            "this / specdec_spec_decode_num_draft_tokens.", registry=r)
+        self.draft_by_pos = Counter(
+            "specdec_spec_decode_num_draft_tokens_per_pos", "Draft tokens proposed at draft position "
+            "(1 = first draft token of a step).", ["position"], registry=r)
+        self.accepted_by_pos = Counter(
+            "specdec_spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted at draft position. Acceptance "
+            "by position = this / specdec_spec_decode_num_draft_tokens_per_pos at the same position.",
+            ["position"], registry=r)
+        Gauge("specdec_spec_decode_mean_accepted_length", "Mean accepted length since start: "
+              "specdec_spec_decode_committed_tokens / specdec_spec_decode_target_calls, i.e. tokens committed per "
+              "target call, the recovered or bonus token included (plain decoding: 1). NaN before any call.",
+              registry=r).set_function(self._mean_accepted_length)
+        self._seen: dict[object, tuple[int, int, int, int, list[int], list[int]]] = {}
+        self._totals = (0, 0)  # (target calls, committed tokens), for the mean accepted length gauge
+
+    def _mean_accepted_length(self) -> float:
+        calls, committed = self._totals
+        return committed / calls if calls else float("nan")
+
+    def request_started(self, job) -> None:
+        """A job entered the running batch."""
+        self.prompt_tokens.inc(len(job.prompt_ids))
+        self._seen[job] = (0, 0, 0, 0, [], [])
+
+    def step(self, job, chunk, now: float) -> None:
+        """A job committed ``chunk`` at ``now`` (``time.perf_counter()``); ``job.t_last`` is still the
+        time of its previous chunk with tokens."""
+        n = len(chunk.token_ids)
+        self.generation_tokens.inc(n)
+        if n:
+            if job.t_last is None:
+                self.ttft.observe(now - job.t_submit)
+            else:
+                gap = (now - job.t_last) / n
+                for _ in range(n):
+                    self.itl.observe(gap)
+        s = job.request.stats
+        calls0, committed0, proposed0, accepted0, by_pos0, acc_pos0 = self._seen[job]
+        self.target_calls.inc(s.target_calls - calls0)
+        self.committed.inc(s.committed - committed0)
+        calls, committed = self._totals
+        self._totals = (calls + s.target_calls - calls0, committed + s.committed - committed0)
+        self.draft_tokens.inc(s.proposed - proposed0)
+        self.accepted_tokens.inc(s.accepted - accepted0)
+        if s.proposed > proposed0:
+            self.drafts.inc()
+        for i, (p, a) in enumerate(zip(s.proposed_by_position, s.accepted_by_position)):
+            dp = p - (by_pos0[i] if i < len(by_pos0) else 0)
+            da = a - (acc_pos0[i] if i < len(acc_pos0) else 0)
+            if dp:
+                self.draft_by_pos.labels(position=str(i + 1)).inc(dp)
+            if da:
+                self.accepted_by_pos.labels(position=str(i + 1)).inc(da)
+        self._seen[job] = (s.target_calls, s.committed, s.proposed, s.accepted,
+                           list(s.proposed_by_position), list(s.accepted_by_position))
+
+    def request_finished(self, job, reason: str) -> None:
+        """A job left the running batch with ``reason`` (stop, length, cancelled, error)."""
+        self._seen.pop(job, None)
+        self.requests.labels(finish_reason=reason).inc()
+        if reason in ("stop", "length") and job.t_last is not None:
+            self.e2e.observe(job.t_last - job.t_submit)
+
+    def render(self) -> bytes:
+        """The metrics in Prometheus' text exposition format."""
+        return generate_latest(self.registry)

@@ -1,0 +1,280 @@
+"""Continuous batching: many requests share the target's forward passes.
+
+One scheduler thread owns the engine's backends (llama.cpp contexts are not thread-safe). Each step it
+admits waiting requests up to ``max_running`` (a new request joins at the next step instead of waiting
+for the batch to finish), lets every running :class:`~specdec.request.Request` plan its step (drafting
+happens there, per request), evaluates ALL the planned tokens in ONE ``engine.target.eval`` call, and
+lets each request commit its block. A finished or cancelled request leaves at once and
+:meth:`Request.close` frees its KV cells. Each request keeps its own proposer, k and RNG, so its output
+does not depend on what else is in the batch (greedy: identical to running alone, up to llama.cpp's
+batched-kernel near-ties).
+
+The per-request logic (drafting, verification, stop conditions) stays in :class:`Request`; this module
+only decides who runs and hands chunks to consumers. It knows nothing about HTTP or asyncio: a consumer
+passes an ``emit`` callback that receives each :class:`~specdec.request.StreamChunk` and, on failure,
+one exception.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+from specdec.request import Request, StreamChunk
+from specdec.types import SamplingParams, SpecConfig
+
+log = logging.getLogger(__name__)
+
+Event = StreamChunk | BaseException
+"""What a job's ``emit`` callback receives: chunks, the last with ``finish_reason`` set, or one
+exception that ends the job."""
+
+
+class QueueFullError(RuntimeError):
+    """More requests are waiting than the scheduler's ``max_waiting`` allows; retry later."""
+
+
+class SchedulerClosedError(RuntimeError):
+    """The scheduler is draining or stopped and accepts no new requests."""
+
+
+@dataclass(eq=False)
+class Job:
+    """One submitted request as the scheduler sees it.
+
+    Attributes:
+        prompt_ids: ``[L] int`` prompt token ids.
+        params: Sampling and stopping parameters.
+        spec: Proposer settings (``None``: the engine's default).
+        emit: Called from the scheduler thread with each event; must not block.
+        t_submit: ``time.perf_counter()`` at submission (for queue time and time to first token).
+        cancelled: Set by :meth:`Scheduler.cancel`; the job leaves before the next step.
+        request: The running :class:`Request`, once admitted.
+    """
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    spec: SpecConfig | None
+    emit: Callable[[Event], None]
+    t_submit: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False
+    request: Request | None = None
+    t_last: float | None = None  # time of the previous chunk with tokens
+
+
+class Scheduler:
+    """Runs many requests through one engine with continuous batching.
+
+    Args:
+        engine: The engine; its backends must hold at least ``max_running`` sequences each (one target
+            sequence per request, plus one draft sequence with the draft method).
+        max_running: Requests decoded together at most (the batch size).
+        max_waiting: Requests that may wait for a free slot; :meth:`submit` raises
+            :class:`QueueFullError` beyond it.
+        metrics: Optional observer with ``request_started(job)``, ``step(job, chunk, now)`` and
+            ``request_finished(job, reason)`` (see :class:`specdec.metrics.ServerMetrics`).
+
+    Raises:
+        ValueError: when a limit is below 1 or a backend holds fewer than ``max_running`` sequences.
+    """
+
+    def __init__(self, engine, max_running: int = 8, max_waiting: int = 64, metrics=None):
+        if max_running < 1 or max_waiting < 0:
+            raise ValueError(f"need max_running >= 1 and max_waiting >= 0, got {max_running}, {max_waiting}")
+        for backend in (engine.target, engine.draft):
+            n_seq = getattr(backend, "n_seq_max", max_running)
+            if n_seq < max_running:
+                raise ValueError(f"{backend.name} holds {n_seq} sequences, fewer than max_running={max_running}")
+        self.engine = engine
+        self.max_running = max_running
+        self.max_waiting = max_waiting
+        self.metrics = metrics
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._running: list[Job] = []
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._loop, name="specdec-scheduler", daemon=True)
+        self._thread.start()
+
+    # -- consumer side (any thread) -------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting for a slot."""
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        """Requests in the running batch."""
+        return len(self._running)
+
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams, spec: SpecConfig | None,
+               emit: Callable[[Event], None]) -> Job:
+        """Queue one request; see :meth:`submit_many`."""
+        return self.submit_many([(prompt_ids, params, spec, emit)])[0]
+
+    def submit_many(self, items: Sequence[tuple]) -> list[Job]:
+        """Queue several requests at once: all of them or, when the queue lacks room, none.
+
+        Args:
+            items: ``(prompt_ids, params, spec, emit)`` tuples; prompts must already be validated
+                (:meth:`Engine.encode_prompt`).
+
+        Returns:
+            The jobs, in order; pass them to :meth:`cancel`.
+
+        Raises:
+            QueueFullError: when the free slots plus the waiting room cannot take them all.
+            SchedulerClosedError: while draining or after :meth:`close`.
+        """
+        jobs = [Job(list(p), params, spec, emit) for p, params, spec, emit in items]
+        with self._cond:
+            if self._closing:
+                raise SchedulerClosedError("the server is shutting down")
+            free_slots = max(0, self.max_running - len(self._running))
+            if len(self._waiting) + len(jobs) > self.max_waiting + free_slots:
+                raise QueueFullError(
+                    f"{len(self._waiting)} requests are waiting (limit {self.max_waiting}); retry later"
+                )
+            self._waiting.extend(jobs)
+            self._cond.notify()
+        return jobs
+
+    def cancel(self, job: Job) -> None:
+        """Cancel a job (client gone): it emits nothing more and leaves before the next step."""
+        job.cancelled = True
+        with self._cond:
+            self._cond.notify()
+
+    def stream(self, prompt_ids: Sequence[int], params: SamplingParams,
+               spec: SpecConfig | None = None) -> Iterator[StreamChunk]:
+        """Submit one request and yield its chunks (blocking); closing the iterator cancels it.
+
+        Raises:
+            QueueFullError, SchedulerClosedError: see :meth:`submit_many`.
+            Exception: whatever failed the request in the scheduler thread.
+        """
+        events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        job = self.submit(prompt_ids, params, spec, events.put)
+        try:
+            while True:
+                event = events.get()
+                if isinstance(event, BaseException):
+                    raise event
+                yield event
+                if event.finish_reason is not None:
+                    return
+        finally:
+            self.cancel(job)
+
+    def close(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop accepting requests; with ``drain`` finish the admitted and waiting ones first,
+        otherwise cancel them. Waits up to ``timeout`` seconds for the thread to end."""
+        with self._cond:
+            self._closing = True
+            if not drain:
+                for job in [*self._waiting, *self._running]:
+                    job.cancelled = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    # -- scheduler thread ----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._waiting or self._running or self._closing):
+                    self._cond.wait()
+                if self._closing and not (self._waiting or self._running):
+                    return
+                admitted = []
+                while self._waiting and len(self._running) + len(admitted) < self.max_running:
+                    job = self._waiting.popleft()
+                    if not job.cancelled:
+                        admitted.append(job)
+            for job in admitted:
+                self._admit(job)
+            for job in [j for j in self._running if j.cancelled]:
+                self._leave(job, "cancelled")
+            if self._running:
+                try:
+                    self._step()
+                except Exception as e:  # a bug, not a user error: fail the batch, keep serving
+                    log.exception("scheduler step failed")
+                    for job in list(self._running):
+                        self._fail(job, e)
+
+    def _admit(self, job: Job) -> None:
+        try:
+            job.request = self.engine.new_request(job.prompt_ids, job.params, job.spec)
+        except Exception as e:
+            self._emit(job, e)
+            return
+        self._running.append(job)
+        if self.metrics is not None:
+            self.metrics.request_started(job)
+
+    def _step(self) -> None:
+        """One target call for every running request: plan, evaluate together, commit."""
+        planned: dict[int, tuple[Job, list[int], int]] = {}
+        for job in list(self._running):
+            try:
+                new, n_logits = job.request.plan()
+            except Exception as e:
+                self._fail(job, e)
+                continue
+            planned[job.request.seq_id] = (job, new, n_logits)
+        if not planned:
+            return
+        target = self.engine.target
+        try:
+            logits = target.eval({s: (new, n) for s, (_, new, n) in planned.items()})
+        except Exception:
+            # The backend rolled every sequence back; evaluate alone so one bad request fails alone.
+            logits = {}
+            for s, (job, new, n) in planned.items():
+                try:
+                    logits[s] = target.eval({s: (new, n)})[s]
+                except Exception as e:
+                    self._fail(job, e)
+        for s, (job, new, _) in planned.items():
+            if s not in logits:
+                continue
+            try:
+                chunk = job.request.commit(new, logits[s])
+            except Exception as e:
+                self._fail(job, e)
+                continue
+            now = time.perf_counter()
+            if self.metrics is not None:
+                self.metrics.step(job, chunk, now)
+            if chunk.token_ids:
+                job.t_last = now
+            self._emit(job, chunk)
+            if chunk.finish_reason is not None:
+                self._leave(job, chunk.finish_reason)
+
+    def _fail(self, job: Job, error: Exception) -> None:
+        log.warning("request failed: %s", error)
+        self._emit(job, error)
+        self._leave(job, "error")
+
+    @staticmethod
+    def _emit(job: Job, event: Event) -> None:
+        if job.cancelled:
+            return
+        try:
+            job.emit(event)
+        except Exception:  # a consumer's bug (or its closed event loop) must not stop the batch
+            log.exception("emit failed; cancelling the request")
+            job.cancelled = True
+
+    def _leave(self, job: Job, reason: str) -> None:
+        if job in self._running:
+            self._running.remove(job)
+        job.request.close()
+        if self.metrics is not None:
+            self.metrics.request_finished(job, reason)

@@ -1,0 +1,271 @@
+"""The FastAPI app: OpenAI-compatible endpoints, SSE streaming, health and Prometheus metrics.
+
+``create_app(engine, config)`` serves an already loaded :class:`~specdec.engine.Engine` through a
+:class:`~specdec.scheduler.Scheduler` (started and drained by the app's lifespan); ``run_server`` runs
+it with uvicorn, whose graceful shutdown on SIGTERM lets in-flight requests finish before the
+scheduler drains and the process exits. Models are fixed at start-up; a request only names one.
+
+Streaming follows OpenAI's chunk format exactly: for chat, a first chunk with ``delta.role``, then
+``delta.content`` chunks, then one with ``finish_reason`` (and, as an extension, ``speculative``), a
+``usage`` chunk with empty ``choices`` when ``stream_options.include_usage``, then ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from specdec.metrics import ServerMetrics
+from specdec.scheduler import Scheduler
+from specdec.server import serving
+from specdec.server.errors import APIError, LimitsMiddleware, error_body, install_error_handlers
+from specdec.server.protocol import (
+    ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse, ErrorResponse,
+    ModelCard, ModelList,
+)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Settings of one server.
+
+    Attributes:
+        model_name: The name clients pass as ``model`` (``GET /v1/models`` lists it).
+        api_key: Required Bearer token on ``/v1/*``; ``None`` disables the check.
+        max_running: Requests decoded together (the batch size; backends need as many sequences).
+        max_waiting: Requests that may wait for a slot; beyond it requests get 429.
+        max_body_bytes: Largest request body, bytes (413 beyond).
+        max_prompt_tokens: Longest prompt, tokens; ``None``: the context minus one.
+        max_tokens: Largest ``max_tokens`` a request may ask for; ``None``: the context.
+        max_choices: Most choices (prompts x n) per request.
+    """
+
+    model_name: str
+    api_key: str | None = None
+    max_running: int = 8
+    max_waiting: int = 64
+    max_body_bytes: int = 1 << 20
+    max_prompt_tokens: int | None = None
+    max_tokens: int | None = None
+    max_choices: int = 16
+
+
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 429, 503)}
+
+
+def create_app(engine, config: ServerConfig) -> FastAPI:
+    """The ASGI app serving ``engine``; the scheduler starts with the app's lifespan.
+
+    Raises:
+        ValueError: when the engine's backends hold fewer sequences than ``config.max_running``.
+    """
+    limits = serving.Limits(
+        max_prompt_tokens=min(config.max_prompt_tokens or engine.n_ctx - 1, engine.n_ctx - 1),
+        max_tokens=config.max_tokens or engine.n_ctx, max_choices=config.max_choices,
+    )
+    created = int(time.time())
+    state: dict = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        scheduler = Scheduler(engine, config.max_running, config.max_waiting)
+        metrics = ServerMetrics(lambda: scheduler.num_waiting, lambda: scheduler.num_running)
+        scheduler.metrics = metrics
+        state.update(scheduler=scheduler, metrics=metrics)
+        yield
+        state["draining"] = True
+        await asyncio.to_thread(scheduler.close, True)
+
+    app = FastAPI(title="specdec", summary="OpenAI-compatible speculative decoding server", lifespan=lifespan)
+    install_error_handlers(app)
+    app.add_middleware(LimitsMiddleware, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
+
+    @app.get("/health")
+    async def health():
+        if state.get("draining"):
+            return JSONResponse({"status": "draining"}, 503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(state["metrics"].render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", response_model=ModelList)
+    async def models():
+        return ModelList(data=[ModelCard(id=config.model_name, created=created)])
+
+    def admit(req) -> tuple:
+        if req.model is not None and req.model != config.model_name:
+            raise APIError(404, f"the model '{req.model}' does not exist; this server serves "
+                           f"'{config.model_name}'", param="model", code="model_not_found")
+        serving.refuse_unsupported(req)
+        return serving.sampling_kwargs(req), serving.spec_for(engine, req)
+
+    async def start(req, prompts: list[list[int]], kwargs: dict, spec, default_max: int | None):
+        if len(prompts) * req.n > limits.max_choices:
+            raise APIError(400, f"at most {limits.max_choices} choices (prompts x n) per request", param="n")
+        items = []
+        for ids in prompts:
+            ids = serving.check_prompt(engine, ids, limits)
+            max_tokens = serving.max_tokens_for(req, len(ids), engine.n_ctx, limits, default_max)
+            for j in range(req.n):
+                seed = None if req.seed is None else req.seed + j
+                try:
+                    params = serving.SamplingParams(**kwargs, max_tokens=max_tokens, seed=seed)
+                except (ValueError, TypeError) as e:
+                    raise APIError(400, str(e)) from None
+                items.append((ids, params, spec))
+        try:
+            return serving.Choices(state["scheduler"], items)
+        except APIError as e:
+            state["metrics"].rejected.labels(reason=e.code or str(e.status)).inc()
+            raise
+
+    @app.post("/v1/completions", response_model=CompletionResponse, responses=_ERRORS)
+    async def completions(req: CompletionRequest, raw: Request):
+        kwargs, spec = admit(req)
+        prompts = await asyncio.to_thread(serving.tokenize_completion_prompts, engine, req.prompt)
+        choices = await start(req, prompts, kwargs, spec, default_max=16)
+        rid = f"cmpl-{secrets.token_hex(12)}"
+        head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": config.model_name}
+
+        def chunk(i: int, text: str, finish: str | None) -> dict:
+            return {**head, "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": finish}]}
+
+        if req.stream:
+            return _sse(_stream(choices, req, head, prompts, spec, chunk, role_chunk=None))
+        results = await _collect(choices, raw)
+        return CompletionResponse(
+            **head, usage=serving.usage(prompts, results), speculative=serving.speculative_stats(spec, results),
+            choices=[{"index": i, "text": r.text, "finish_reason": r.finish_reason} for i, r in enumerate(results)],
+        )
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS)
+    async def chat_completions(req: ChatCompletionRequest, raw: Request):
+        kwargs, spec = admit(req)
+        prompts = [await asyncio.to_thread(serving.tokenize_chat, engine, req.messages)]
+        choices = await start(req, prompts, kwargs, spec, default_max=None)
+        rid = f"chatcmpl-{secrets.token_hex(12)}"
+        head = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": config.model_name}
+
+        def chunk(i: int, text: str | None, finish: str | None, role: str | None = None) -> dict:
+            delta = {k: v for k, v in (("role", role), ("content", text)) if v is not None}
+            return {**head, "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+        if req.stream:
+            return _sse(_stream(choices, req, head, prompts, spec, chunk,
+                                role_chunk=lambda i: chunk(i, "", None, role="assistant")))
+        results = await _collect(choices, raw)
+        return ChatCompletionResponse(
+            **{**head, "object": "chat.completion"}, usage=serving.usage(prompts, results),
+            speculative=serving.speculative_stats(spec, results),
+            choices=[{"index": i, "message": {"content": r.text}, "finish_reason": r.finish_reason}
+                     for i, r in enumerate(results)],
+        )
+
+    return app
+
+
+async def _collect(choices: serving.Choices, raw: Request):
+    """All choices' results; a client that disconnects first cancels them."""
+
+    async def disconnected():
+        while (await raw.receive())["type"] != "http.disconnect":
+            pass
+
+    done = asyncio.ensure_future(choices.results())
+    gone = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not done.done():
+            done.cancel()
+            choices.cancel()
+    if not done.done() or done.cancelled():
+        raise APIError(499, "client disconnected")
+    return done.result()
+
+
+def _sse(events: AsyncIterator[dict | str]) -> StreamingResponse:
+    async def encode():
+        async for ev in events:
+            yield f"data: {ev if isinstance(ev, str) else json.dumps(ev, ensure_ascii=False)}\n\n"
+
+    return StreamingResponse(encode(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _stream(choices: serving.Choices, req, head: dict, prompts, spec, chunk, role_chunk):
+    """The SSE events of one request; leaving early (client gone) cancels its choices."""
+    include_usage = req.stream_options is not None and req.stream_options.include_usage
+    extra = {"usage": None} if include_usage else {}
+    results = [None] * len(choices.jobs)
+    try:
+        if role_chunk is not None:
+            for i in range(len(results)):
+                yield {**role_chunk(i), **extra}
+        while any(r is None for r in results):
+            i, ev = await choices.events.get()
+            if isinstance(ev, BaseException):
+                e = serving.engine_error(ev)
+                yield error_body(e.status, e.message, e.param, e.code, e.type)
+                break
+            if ev.text and ev.finish_reason is None:
+                yield {**chunk(i, ev.text, None), **extra}
+            if ev.finish_reason is not None:
+                results[i] = ev.result
+                if ev.text:
+                    yield {**chunk(i, ev.text, None), **extra}
+                last = chunk(i, None, ev.finish_reason) if role_chunk else chunk(i, "", ev.finish_reason)
+                stats = serving.speculative_stats(spec, [ev.result]).model_dump()
+                yield {**last, **extra, "speculative": stats}
+        else:
+            if include_usage:
+                yield {**head, "choices": [], "usage": serving.usage(prompts, results).model_dump(),
+                       "speculative": serving.speculative_stats(spec, results).model_dump()}
+        yield "[DONE]"
+    finally:
+        choices.cancel()
+
+
+def run_server(engine, config: ServerConfig, host: str = "127.0.0.1", port: int = 8000,
+               drain_timeout: float | None = 120.0, log_level: str = "info") -> None:
+    """Serve with uvicorn until SIGINT/SIGTERM; in-flight requests finish (up to ``drain_timeout``
+    seconds), then the scheduler drains and the function returns.
+
+    Prints ``specdec: serving MODEL on http://HOST:PORT/v1`` to stderr once listening (the real port
+    when ``port`` is 0).
+
+    Raises:
+        ValueError: when the address cannot be bound (port in use, unknown host).
+    """
+    import socket
+    import sys
+
+    import uvicorn
+
+    app = create_app(engine, config)
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    bound = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=drain_timeout))
+    print(f"specdec: serving {config.model_name} on http://{host}:{bound}/v1 "
+          f"(method {engine.spec.method}, k={engine.spec.k}, {config.max_running} concurrent)", file=sys.stderr,
+          flush=True)
+    server.run(sockets=[sock])

@@ -1,0 +1,157 @@
+"""Errors in OpenAI's shape, and the ASGI middleware enforcing the API key and the body-size limit.
+
+Every error response is ``{"error": {"message", "type", "param", "code"}}``: FastAPI's validation
+errors, malformed JSON or UTF-8, unknown routes, and anything unexpected (a 500, which the tests treat
+as a bug). The middleware is plain ASGI (not ``BaseHTTPMiddleware``, which breaks streaming and
+disconnect detection).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+_TYPES = {401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error",
+          429: "rate_limit_error", 503: "service_unavailable"}
+
+
+class APIError(Exception):
+    """An error to send in OpenAI's shape.
+
+    Args:
+        status: HTTP status code.
+        message: What went wrong and how to fix it.
+        param: The offending request field, if any.
+        code: A machine-readable code (``model_not_found``, ``context_length_exceeded``, ...).
+        type: OpenAI's error type; default from the status (``invalid_request_error`` for 400).
+    """
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type = type or _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None,
+               type: str | None = None) -> dict:
+    """The JSON body of an error response."""
+    e = APIError(status, message, param, code, type)
+    return {"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.code}}
+
+
+def error_response(e: APIError, headers: dict | None = None) -> JSONResponse:
+    """An :class:`APIError` as a JSON response."""
+    return JSONResponse(error_body(e.status, e.message, e.param, e.code, e.type), e.status, headers=headers)
+
+
+def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    if first.get("type") == "json_invalid":
+        return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}", None
+    if not loc:
+        return "the request body must be a JSON object (send Content-Type: application/json)", None
+    param = ".".join(loc)
+    msg = f"{param}: {first.get('msg', 'invalid value')}"
+    if len(errors) > 1:
+        msg += f" (and {len(errors) - 1} more errors)"
+    return msg, param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Make every error response of ``app`` use OpenAI's shape (validation errors become 400)."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
+        return error_response(exc, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError):
+        msg, param = _describe_validation(exc)
+        return error_response(APIError(400, msg, param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        msg = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        if exc.status_code == 400 and "parsing the body" in msg:
+            msg = "the request body could not be parsed: it must be UTF-8 encoded JSON"
+        return error_response(APIError(exc.status_code, msg), getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        log.exception("unexpected error serving %s", request.url.path)
+        return error_response(APIError(500, f"internal server error ({type(exc).__name__})"))
+
+
+class LimitsMiddleware:
+    """ASGI middleware: Bearer API key on ``/v1/*`` and a limit on request body bytes.
+
+    The body is read up front (at most ``max_body_bytes + 1`` bytes) and replayed to the app, so an
+    oversized body gets 413 whether or not it declares a Content-Length.
+
+    Args:
+        app: The wrapped ASGI app.
+        api_key: Required ``Authorization: Bearer`` token, or ``None``.
+        max_body_bytes: Largest accepted request body.
+    """
+
+    def __init__(self, app, api_key: str | None, max_body_bytes: int):
+        self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if self.api_key is not None and scope["path"].startswith("/v1"):
+            auth = headers.get("authorization", "")
+            scheme, _, token = auth.partition(" ")
+            if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), self.api_key.encode()):
+                return await self._reply(send, APIError(401, "missing or invalid API key: send "
+                                                        "'Authorization: Bearer <key>'", code="invalid_api_key"))
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            return await self._reply(send, self._too_large())
+        parts, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # client gone before sending the whole body
+                return
+            parts.append(message.get("body", b""))
+            size += len(parts[-1])
+            more = message.get("more_body", False)
+            if size > self.max_body_bytes:
+                return await self._reply(send, self._too_large())
+        body = b"".join(parts)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    def _too_large(self) -> APIError:
+        return APIError(413, f"the request body exceeds {self.max_body_bytes} bytes", code="request_too_large")
+
+    @staticmethod
+    async def _reply(send, e: APIError) -> None:
+        body = json.dumps(error_body(e.status, e.message, e.param, e.code, e.type)).encode()
+        await send({"type": "http.response.start", "status": e.status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,200 @@
+"""Pydantic models of the OpenAI-compatible HTTP API (requests, responses, stream chunks, errors).
+
+Requests follow OpenAI's Completions and Chat Completions APIs. Fields of
+:class:`~specdec.types.SamplingParams` that OpenAI does not define (``top_k``, and whatever the engine
+adds) are accepted by name as extra fields and validated against the dataclass's type hints, so new
+sampling parameters reach the engine without changes here. The extension object ``speculative``
+(request: method, num_speculative_tokens; response: proposed, accepted, mean accepted length) is
+ignored by clients that do not know it.
+
+This module knows the wire format only; it does not know the engine or the scheduler.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
+
+from specdec.types import MAX_SPECULATIVE_TOKENS
+
+
+class _Lenient(BaseModel):
+    """Unknown fields are kept (and later mapped onto SamplingParams or ignored); NaN/inf are refused."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+
+class StreamOptions(_Lenient):
+    """``stream_options``: ``include_usage`` adds a last chunk with ``usage`` and empty ``choices``."""
+
+    include_usage: bool = False
+
+
+class SpeculativeOptions(BaseModel):
+    """Request extension: per-request proposer settings (default: the server's)."""
+
+    model_config = ConfigDict(extra="forbid")
+    method: Literal["draft", "ngram", "none"] | None = None
+    num_speculative_tokens: int | None = Field(None, ge=0, le=MAX_SPECULATIVE_TOKENS)
+
+
+class _GenerationRequest(_Lenient):
+    """Fields shared by both endpoints. ``None`` means "not given": the server's default applies."""
+
+    model: str | None = Field(None, description="Served model name (see GET /v1/models); default: the served model.")
+    max_tokens: int | None = Field(None, ge=1, description="Most tokens to generate.")
+    temperature: float | None = Field(None, ge=0, description="0 = greedy; default 1.0 as in OpenAI's API.")
+    top_p: float | None = Field(None, gt=0, le=1)
+    n: int = Field(1, ge=1, description="Independent choices per prompt (seed + i for choice i).")
+    stop: str | list[str] | None = Field(None, description="Up to 16 stop strings; the text is cut before them.")
+    seed: int | None = Field(None, ge=0, lt=2**64)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    speculative: SpeculativeOptions | None = None
+
+
+class TextPart(_Lenient):
+    """A content part of a chat message; only ``type="text"`` is supported."""
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Lenient):
+    """One chat message; extra fields (``name``, ``tool_calls``) are accepted and ignored."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+
+class CompletionRequest(_GenerationRequest):
+    """``POST /v1/completions``: plain completion of a prompt (no chat template)."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    """``POST /v1/chat/completions``: messages rendered with the target's chat template."""
+
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, description="Alias of max_tokens.")
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+
+# -- responses -------------------------------------------------------------------------------------
+
+class Usage(BaseModel):
+    """Token counts: prompt tokens once per prompt, completion tokens summed over choices."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class SpeculativeStats(BaseModel):
+    """Response extension; terms as in :mod:`specdec.types`."""
+
+    method: str
+    num_speculative_tokens: int
+    proposed: int = Field(description="Draft tokens handed to the verifier.")
+    accepted: int = Field(description="Draft tokens the verifier kept.")
+    acceptance_rate: float | None = Field(description="accepted / proposed; null when nothing was proposed.")
+    mean_accepted_length: float | None = Field(
+        description="Tokens committed per target call, the recovered or bonus token included (plain decoding: 1)."
+    )
+    target_calls: int
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: Any = None
+    finish_reason: str | None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    speculative: SpeculativeStats | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: Any = None
+    finish_reason: str | None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    speculative: SpeculativeStats | None = None
+
+
+class Delta(BaseModel):
+    """A streamed message delta: ``{"role": "assistant", "content": ""}`` first, then ``{"content": ...}``,
+    ``{}`` with the finish reason. Absent keys are left out, as OpenAI does."""
+
+    role: str | None = None
+    content: str | None = None
+
+    @model_serializer
+    def _drop_none(self) -> dict[str, str]:
+        return {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: Delta
+    logprobs: Any = None
+    finish_reason: str | None = None
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error shape, used for every 4xx and 5xx."""
+
+    error: ErrorBody
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "specdec"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

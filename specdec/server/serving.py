@@ -1,0 +1,264 @@
+"""From an OpenAI request to scheduler jobs and back: prompts, sampling parameters, limits, responses.
+
+Fields are mapped onto :class:`~specdec.types.SamplingParams` by name (``max_completion_tokens`` is an
+alias of ``max_tokens``), so a sampling parameter added to the engine is served without changes here;
+an OpenAI field the engine lacks is refused with 400 when set, never silently ignored. ``n`` choices are
+``n`` independent requests (choice ``i`` gets ``seed + i``). Each choice streams its chunks through an
+asyncio queue fed by the scheduler thread; leaving the stream (client gone) cancels every choice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import typing
+from dataclasses import dataclass, fields
+
+from pydantic import TypeAdapter, ValidationError
+
+from specdec.request import StreamChunk
+from specdec.scheduler import QueueFullError, SchedulerClosedError
+from specdec.server.errors import APIError
+from specdec.server.protocol import ChatCompletionRequest, CompletionRequest, SpeculativeStats, Usage
+from specdec.types import GenerationResult, SamplingParams, SpecConfig
+
+SERVER_FIELDS = frozenset({
+    "model", "prompt", "messages", "n", "stream", "stream_options", "user", "speculative", "echo", "suffix",
+    "best_of", "logprobs", "top_logprobs", "tools", "tool_choice", "response_format", "max_tokens",
+    "max_completion_tokens", "stop", "seed", "parallel_tool_calls", "metadata", "store", "service_tier",
+})
+"""Request fields the server handles itself (or refuses) instead of passing them to SamplingParams."""
+
+MAX_STOP_STRINGS = 16
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-request limits of the server.
+
+    Attributes:
+        max_prompt_tokens: Longest prompt, tokens (chat template included).
+        max_tokens: Largest ``max_tokens`` a request may ask for.
+        max_choices: Most choices (prompts x n) in one request.
+    """
+
+    max_prompt_tokens: int
+    max_tokens: int
+    max_choices: int = 16
+
+
+@functools.lru_cache(maxsize=None)
+def _adapter(name: str) -> TypeAdapter:
+    return TypeAdapter(typing.get_type_hints(SamplingParams)[name])
+
+
+def sampling_kwargs(req: CompletionRequest | ChatCompletionRequest) -> dict:
+    """SamplingParams keyword arguments from the request's fields, by name (max_tokens and seed excluded).
+
+    Raises:
+        APIError: 400 for a value of the wrong type or a set field the engine does not support.
+    """
+    names = {f.name for f in fields(SamplingParams)}
+    kwargs: dict = {"temperature": 1.0}  # OpenAI's default
+    for name, value in req.model_dump(exclude_none=True).items():
+        if name in SERVER_FIELDS:
+            continue
+        if name in names:
+            try:
+                kwargs[name] = _adapter(name).validate_python(value)
+            except ValidationError as e:
+                raise APIError(400, f"{name}: {e.errors()[0]['msg']}", param=name) from None
+        elif name in type(req).model_fields and value not in (0, 0.0, False, {}, [], ""):
+            raise APIError(400, f"{name} is not supported by this server yet", param=name)
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if len(stop) > MAX_STOP_STRINGS:
+        raise APIError(400, f"at most {MAX_STOP_STRINGS} stop strings are allowed", param="stop")
+    kwargs["stop"] = tuple(stop)
+    return kwargs
+
+
+def refuse_unsupported(req: CompletionRequest | ChatCompletionRequest) -> None:
+    """400 for OpenAI features this server does not implement, rather than ignoring them."""
+    if isinstance(req, CompletionRequest):
+        bad = [("echo", req.echo), ("suffix", req.suffix), ("best_of", req.best_of not in (None, 1, req.n) and
+                                                           req.best_of), ("logprobs", req.logprobs is not None)]
+    else:
+        fmt = (req.response_format or {}).get("type", "text")
+        bad = [("tools", req.tools), ("response_format", fmt != "text"),
+               ("logprobs", req.logprobs or req.top_logprobs is not None)]
+    for name, value in bad:
+        if value:
+            raise APIError(400, f"{name} is not supported by this server yet", param=name)
+
+
+def max_tokens_for(req, prompt_len: int, n_ctx: int, limits: Limits, default: int | None) -> int:
+    """The request's ``max_tokens`` checked against the limits and the context.
+
+    Args:
+        default: Used when the request gives none (``None``: whatever fits the context, up to the limit).
+
+    Raises:
+        APIError: 400 when over the limit or when prompt + max_tokens exceed the context.
+    """
+    asked = getattr(req, "max_completion_tokens", None) or req.max_tokens
+    room = n_ctx - prompt_len
+    if asked is None:
+        return max(1, min(limits.max_tokens, room, default or room))
+    if asked > limits.max_tokens:
+        raise APIError(400, f"max_tokens is {asked}, over this server's limit of {limits.max_tokens}",
+                       param="max_tokens")
+    if asked > room:
+        raise APIError(400, f"this model's context holds {n_ctx} tokens; the prompt has {prompt_len} and "
+                       f"max_tokens asks for {asked}: shorten the prompt or lower max_tokens",
+                       param="max_tokens", code="context_length_exceeded")
+    return asked
+
+
+def check_prompt(engine, ids: list[int], limits: Limits) -> list[int]:
+    """Validate prompt token ids (range, emptiness, length).
+
+    Raises:
+        APIError: 400 with ``context_length_exceeded`` for a prompt that is too long.
+    """
+    if any(not 0 <= t < engine.target.n_vocab for t in ids):
+        raise APIError(400, f"token ids must lie in 0..{engine.target.n_vocab - 1}", param="prompt")
+    if len(ids) > limits.max_prompt_tokens:
+        raise APIError(400, f"the prompt is {len(ids)} tokens, over the limit of {limits.max_prompt_tokens}",
+                       param="prompt", code="context_length_exceeded")
+    try:
+        return engine.encode_prompt(ids)
+    except ValueError as e:
+        code = "context_length_exceeded" if "context" in str(e) else None
+        raise APIError(400, str(e), code=code) from None
+
+
+def tokenize_completion_prompts(engine, prompt) -> list[list[int]]:
+    """``prompt`` (text, texts, ids or lists of ids) to token id lists; control tokens are parsed."""
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if not prompt:
+        raise APIError(400, "the prompt is empty", param="prompt")
+    if isinstance(prompt[0], int):
+        return [list(prompt)]
+    out = []
+    for p in prompt:
+        out.append(list(p) if isinstance(p, list) else _tokenize(engine, p))
+    return out
+
+
+def tokenize_chat(engine, messages) -> list[int]:
+    """Render the messages with the target's chat template and tokenize (control tokens parsed)."""
+    rendered = []
+    for m in messages:
+        content = m.content
+        if isinstance(content, list):
+            if any(p.type != "text" or p.text is None for p in content):
+                raise APIError(400, "only text content parts are supported", param="messages")
+            content = "".join(p.text for p in content)
+        rendered.append({"role": m.role, "content": content or ""})
+    try:
+        text = engine.target.apply_chat_template(rendered)
+    except ValueError as e:
+        raise APIError(400, str(e), param="messages") from None
+    except Exception as e:  # a template may raise anything on odd input
+        raise APIError(400, f"the chat template failed on these messages: {e}", param="messages") from None
+    return _tokenize(engine, text)
+
+
+def _tokenize(engine, text: str) -> list[int]:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError(400, "the text contains invalid Unicode (lone surrogates)", param="prompt") from None
+    return engine.target.tokenize(text, special=True)
+
+
+def spec_for(engine, req) -> SpecConfig:
+    """The request's proposer settings: the server's default overridden by ``speculative``.
+
+    Raises:
+        APIError: 400 for the draft method when no draft model is loaded.
+    """
+    base, opt = engine.spec, req.speculative
+    if opt is None:
+        return base
+    method = opt.method or base.method
+    k = base.num_speculative_tokens if opt.num_speculative_tokens is None else opt.num_speculative_tokens
+    if method == "draft" and engine.draft is None:
+        raise APIError(400, "speculative.method 'draft' needs a draft model; this server has none "
+                       "(start it with --draft, or use 'ngram' or 'none')", param="speculative.method")
+    return SpecConfig(method=method, num_speculative_tokens=k, ngram_max=base.ngram_max, ngram_min=base.ngram_min)
+
+
+def speculative_stats(spec: SpecConfig, results: list[GenerationResult]) -> SpeculativeStats:
+    """The response's ``speculative`` object, summed over choices."""
+    proposed = sum(r.stats.proposed for r in results)
+    accepted = sum(r.stats.accepted for r in results)
+    calls = sum(r.stats.target_calls for r in results)
+    committed = sum(r.stats.committed for r in results)
+    return SpeculativeStats(
+        method=spec.method if spec.k else "none", num_speculative_tokens=spec.k, proposed=proposed,
+        accepted=accepted, acceptance_rate=accepted / proposed if proposed else None,
+        mean_accepted_length=committed / calls if calls else None, target_calls=calls,
+    )
+
+
+def usage(prompts: list[list[int]], results: list[GenerationResult]) -> Usage:
+    """Prompt tokens once per prompt, completion tokens summed over the choices."""
+    p = sum(len(x) for x in prompts)
+    c = sum(len(r.token_ids) for r in results)
+    return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
+
+
+class Choices:
+    """The jobs of one HTTP request, and the asyncio queue their events arrive on.
+
+    Args:
+        scheduler: Where the jobs run.
+        items: ``(prompt_ids, params, spec)`` per choice, in choice order.
+
+    Raises:
+        APIError: 429 when the queue is full, 503 while the server shuts down.
+    """
+
+    def __init__(self, scheduler, items: list[tuple[list[int], SamplingParams, SpecConfig]]):
+        loop = asyncio.get_running_loop()
+        self.events: asyncio.Queue[tuple[int, StreamChunk | BaseException]] = asyncio.Queue()
+
+        def emitter(i: int):
+            return lambda ev: loop.call_soon_threadsafe(self.events.put_nowait, (i, ev))
+
+        self.scheduler = scheduler
+        try:
+            self.jobs = scheduler.submit_many([(p, s, spec, emitter(i)) for i, (p, s, spec) in enumerate(items)])
+        except QueueFullError as e:
+            raise APIError(429, str(e), code="queue_full") from None
+        except SchedulerClosedError as e:
+            raise APIError(503, str(e), code="shutting_down") from None
+
+    def cancel(self) -> None:
+        """Cancel every choice still running (no-op for finished ones)."""
+        for job in self.jobs:
+            self.scheduler.cancel(job)
+
+    async def results(self) -> list[GenerationResult]:
+        """Wait for every choice to finish.
+
+        Raises:
+            APIError: 500 when a choice failed in the engine.
+        """
+        out: list[GenerationResult | None] = [None] * len(self.jobs)
+        while any(r is None for r in out):
+            i, ev = await self.events.get()
+            if isinstance(ev, BaseException):
+                raise engine_error(ev)
+            if ev.result is not None:
+                out[i] = ev.result
+        return out  # type: ignore[return-value]
+
+
+def engine_error(e: BaseException) -> APIError:
+    """An error raised in the scheduler thread as an API error (400 for ValueError, else 500)."""
+    if isinstance(e, ValueError):
+        return APIError(400, str(e))
+    return APIError(500, f"generation failed: {e}", type="server_error")

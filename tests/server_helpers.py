@@ -1,0 +1,102 @@
+"""Helpers for the server tests: a live uvicorn server on loopback in a thread, tiny engines, SSE parsing."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+
+import httpx
+import uvicorn
+from conftest import tiny_backend
+
+from specdec.engine import Engine
+from specdec.server import ServerConfig, create_app
+from specdec.types import SpecConfig
+
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Write a Python function that merges two sorted lists.",
+    "Once upon a time, in a land far away,",
+    "def fibonacci(n):",
+    "Explain speculative decoding in one sentence.",
+    "1, 2, 3, 4, 5, 6,",
+    "héllo wörld ✓ 日本語のテキスト",
+    "The capital of France is",
+]
+
+
+def tiny_engine(target_path, draft_path, n_seq_max: int = 8, n_ctx: int = 512) -> Engine:
+    """An engine on the tiny models with exact numerics and ``n_seq_max`` sequences per backend."""
+    target = tiny_backend(target_path, name="tiny-target", n_seq_max=n_seq_max, n_ctx=n_ctx)
+    draft = tiny_backend(draft_path, name="tiny-draft", n_seq_max=n_seq_max, n_ctx=n_ctx)
+    return Engine(target, draft, SpecConfig(method="draft", num_speculative_tokens=4))
+
+
+class LiveServer:
+    """The app on 127.0.0.1 (a free port) in a uvicorn thread; ``url`` is the OpenAI base URL."""
+
+    def __init__(self, engine: Engine, **config):
+        config.setdefault("model_name", "tiny")
+        self.config = ServerConfig(**config)
+        self.app = create_app(engine, self.config)
+        self.engine = engine
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.root = f"http://127.0.0.1:{self.port}"
+        self.url = f"{self.root}/v1"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=10))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> "LiveServer":
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "server did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "server did not stop"
+
+    def metric(self, name: str, **labels) -> float:
+        """One sample of /metrics (0 when absent)."""
+        text = httpx.get(f"{self.root}/metrics", timeout=30).text
+        want = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
+        for line in text.splitlines():
+            if line.startswith(want + " "):
+                return float(line.split()[-1])
+        return 0.0
+
+
+def sse_events(lines) -> list:
+    """Parse SSE ``data:`` lines into JSON objects; ``[DONE]`` becomes the string ``"[DONE]"``."""
+    out = []
+    for line in lines:
+        if not line.startswith("data: "):
+            assert line == "", f"unexpected SSE line {line!r}"
+            continue
+        data = line[len("data: "):]
+        out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def wait_until(cond, timeout: float = 30.0, what: str = "condition") -> None:
+    """Poll ``cond()`` every 20 ms until true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def no_leaked_sequences(engine: Engine):
+    """Assert that every backend sequence is free again after the block (requests may still be
+    finishing, so wait a little)."""
+    yield
+    wait_until(lambda: not engine.target.sequences and not engine.draft.sequences, 30, "sequences to be freed")

@@ -1,0 +1,195 @@
+"""Continuous batching on the tiny models: outputs independent of the batch, joining and leaving,
+cancellation frees KV, queue limits, draining, failure isolation, metrics."""
+
+import threading
+
+import pytest
+from server_helpers import PROMPTS, tiny_engine, wait_until
+
+from specdec.metrics import ServerMetrics
+from specdec.scheduler import QueueFullError, Scheduler, SchedulerClosedError
+from specdec.types import SamplingParams, SpecConfig
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=32)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_target_path, tiny_draft_path):
+    return tiny_engine(tiny_target_path, tiny_draft_path)
+
+
+@pytest.fixture
+def batch_sizes(engine, monkeypatch):
+    """Records how many sequences each target call evaluated."""
+    sizes = []
+    real_eval = engine.target.eval
+
+    def eval(batch):
+        sizes.append(len(batch))
+        return real_eval(batch)
+
+    monkeypatch.setattr(engine.target, "eval", eval)
+    return sizes
+
+
+def collect(stream):
+    chunks = list(stream)
+    return chunks, [t for c in chunks for t in c.token_ids]
+
+
+def run_concurrently(fn, n):
+    out, errors = [None] * n, []
+
+    def run(i):
+        try:
+            out[i] = fn(i)
+        except Exception as e:  # surfaced by the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return out
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram", "none"])
+def test_batched_greedy_equals_solo(engine, batch_sizes, method):
+    spec = SpecConfig(method=method, num_speculative_tokens=3)
+    prompts = [engine.encode_prompt(p) for p in PROMPTS]
+    solo = [engine.generate(p, GREEDY, spec) for p in prompts]
+    batch_sizes.clear()
+    sched = Scheduler(engine, max_running=8)
+    try:
+        out = run_concurrently(lambda i: collect(sched.stream(prompts[i], GREEDY, spec)), len(prompts))
+    finally:
+        sched.close()
+    for (chunks, tokens), ref in zip(out, solo):
+        assert tokens == ref.token_ids
+        assert chunks[-1].result.text == ref.text and chunks[-1].finish_reason == ref.finish_reason
+        assert "".join(c.text for c in chunks) == ref.text
+    assert max(batch_sizes) >= 4, "requests should have shared target calls"
+    assert not engine.target.sequences and not engine.draft.sequences
+
+
+def test_seeded_sampling_independent_of_batch(engine):
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=24, seed=7)
+    prompts = [engine.encode_prompt(p) for p in PROMPTS[:4]]
+    solo = [engine.generate(p, params.replace(seed=i)).token_ids for i, p in enumerate(prompts)]
+    sched = Scheduler(engine, max_running=4)
+    try:
+        out = run_concurrently(lambda i: collect(sched.stream(prompts[i], params.replace(seed=i)))[1], 4)
+    finally:
+        sched.close()
+    assert out == solo
+
+
+def test_new_request_joins_running_batch(engine, batch_sizes):
+    long_ids, short_ids = engine.encode_prompt(PROMPTS[0]), engine.encode_prompt(PROMPTS[1])
+    sched = Scheduler(engine, max_running=4)
+    try:
+        long_stream = sched.stream(long_ids, GREEDY.replace(max_tokens=200), SpecConfig(method="none"))
+        next(long_stream)  # the long request is running
+        n_before = len(batch_sizes)
+        _, short = collect(sched.stream(short_ids, GREEDY, SpecConfig(method="none")))
+        long_rest = list(long_stream)
+    finally:
+        sched.close()
+    assert short == engine.generate(short_ids, GREEDY, SpecConfig(method="none")).token_ids
+    assert long_rest[-1].finish_reason is not None, "the long request kept running while the short one ran"
+    assert 2 in batch_sizes[n_before:], "the new request must join the running batch, not wait"
+
+
+def test_cancel_frees_sequences_at_once(engine):
+    sched = Scheduler(engine, max_running=2)
+    try:
+        stream = sched.stream(engine.encode_prompt(PROMPTS[2]), GREEDY.replace(max_tokens=400))
+        next(stream)
+        assert len(engine.target.sequences) == 1 and len(engine.draft.sequences) == 1
+        stream.close()  # the consumer leaves: cancels the job
+        wait_until(lambda: not engine.target.sequences and not engine.draft.sequences, what="KV freed")
+        assert sched.num_running == 0
+    finally:
+        sched.close()
+
+
+def test_queue_limit_and_close(engine):
+    sched = Scheduler(engine, max_running=1, max_waiting=1)
+    ids = engine.encode_prompt(PROMPTS[3])
+    try:
+        jobs = sched.submit_many([(ids, GREEDY.replace(max_tokens=100), None, lambda ev: None)] * 2)
+        with pytest.raises(QueueFullError, match="waiting"):
+            sched.submit(ids, GREEDY, None, lambda ev: None)
+        for job in jobs:
+            sched.cancel(job)
+    finally:
+        sched.close()
+    with pytest.raises(SchedulerClosedError):
+        sched.submit(ids, GREEDY, None, lambda ev: None)
+
+
+def test_close_drains_waiting_requests(engine):
+    sched = Scheduler(engine, max_running=1, max_waiting=8)
+    ids = engine.encode_prompt(PROMPTS[4])
+    finished = []
+    for _ in range(3):
+        sched.submit(ids, GREEDY.replace(max_tokens=8), None,
+                     lambda ev: finished.append(ev) if getattr(ev, "finish_reason", None) else None)
+    sched.close(drain=True, timeout=120)
+    assert len(finished) == 3 and all(ev.result is not None for ev in finished)
+
+
+def test_failing_request_fails_alone(engine, monkeypatch):
+    real_new_request = engine.new_request
+
+    def new_request(prompt, params=None, spec=None, **kw):
+        req = real_new_request(prompt, params, spec, **kw)
+        if params.max_tokens == 13:  # the poisoned one
+            def plan():
+                raise RuntimeError("boom")
+            req.plan = plan
+        return req
+
+    monkeypatch.setattr(engine, "new_request", new_request)
+    sched = Scheduler(engine, max_running=4)
+    try:
+        ids = engine.encode_prompt(PROMPTS[5])
+        def run(i):
+            try:
+                return collect(sched.stream(ids, GREEDY.replace(max_tokens=13 if i == 0 else 20)))[1]
+            except RuntimeError as e:
+                return e
+        out = run_concurrently(run, 3)
+    finally:
+        sched.close()
+    assert isinstance(out[0], RuntimeError) and "boom" in str(out[0])
+    assert out[1] == out[2] == engine.generate(ids, GREEDY.replace(max_tokens=20)).token_ids
+    assert not engine.target.sequences and not engine.draft.sequences
+
+
+def test_metrics_count_what_was_delivered(engine):
+    sched = Scheduler(engine, max_running=4)
+    metrics = ServerMetrics(lambda: sched.num_waiting, lambda: sched.num_running)
+    sched.metrics = metrics
+    prompts = [engine.encode_prompt(p) for p in PROMPTS[:4]]
+    try:
+        out = run_concurrently(lambda i: collect(sched.stream(prompts[i], GREEDY))[0][-1].result, 4)
+    finally:
+        sched.close()
+    reg = metrics.registry
+    get = reg.get_sample_value
+    assert get("specdec_generation_tokens_total") == sum(len(r.token_ids) for r in out)
+    assert get("specdec_prompt_tokens_total") == sum(map(len, prompts))
+    assert get("specdec_spec_decode_num_draft_tokens_total") == sum(r.stats.proposed for r in out)
+    assert get("specdec_spec_decode_num_accepted_tokens_total") == sum(r.stats.accepted for r in out)
+    assert get("specdec_spec_decode_num_draft_tokens_per_pos_total", {"position": "1"}) == sum(
+        r.stats.proposed_by_position[0] for r in out)
+    calls = sum(r.stats.target_calls for r in out)
+    assert get("specdec_spec_decode_mean_accepted_length") == pytest.approx(sum(r.stats.committed for r in out) / calls)
+    finished = sum(get("specdec_requests_total", {"finish_reason": f}) or 0 for f in ("stop", "length"))
+    assert finished == 4
+    assert get("specdec_time_to_first_token_seconds_count") == sum(1 for r in out if r.token_ids)
+    assert get("specdec_inter_token_latency_seconds_count") == sum(max(0, len(r.token_ids) - 1) for r in out)
+    assert get("specdec_num_requests_running") == 0

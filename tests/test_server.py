@@ -1,0 +1,208 @@
+"""The OpenAI-compatible server on loopback, driven by the official ``openai`` client (tiny models)."""
+
+import json
+import threading
+
+import httpx
+import openai
+import pytest
+from server_helpers import PROMPTS, LiveServer, no_leaked_sequences, sse_events, tiny_engine, wait_until
+
+from specdec.types import SamplingParams, SpecConfig
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_target_path, tiny_draft_path):
+    return tiny_engine(tiny_target_path, tiny_draft_path)
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    with LiveServer(engine, max_running=8, max_waiting=32) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+
+
+def chat(client, prompt, **kw):
+    kw = {"model": "tiny", "temperature": 0, "max_tokens": 24, **kw}
+    return client.chat.completions.create(messages=[{"role": "user", "content": prompt}], **kw)
+
+
+def chat_ids(engine, prompt):
+    return engine.target.tokenize(engine.target.apply_chat_template([{"role": "user", "content": prompt}]),
+                                  special=True)
+
+
+def test_models_health_and_metrics(server, client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert httpx.get(f"{server.root}/health").json() == {"status": "ok"}
+    text = httpx.get(f"{server.root}/metrics").text
+    for name in ("specdec_requests_total", "specdec_prompt_tokens_total", "specdec_generation_tokens_total",
+                 "specdec_time_to_first_token_seconds", "specdec_inter_token_latency_seconds",
+                 "specdec_num_requests_waiting", "specdec_num_requests_running", "specdec_spec_decode_num_drafts",
+                 "specdec_spec_decode_num_draft_tokens", "specdec_spec_decode_num_accepted_tokens",
+                 "specdec_spec_decode_num_accepted_tokens_per_pos", "specdec_spec_decode_mean_accepted_length"):
+        assert f"# HELP {name}" in text, name
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:3])
+def test_chat_stream_equals_non_stream(engine, client, prompt):
+    full = chat(client, prompt)
+    ref = engine.generate(chat_ids(engine, prompt), SamplingParams(max_tokens=24))
+    assert full.choices[0].message.content == ref.text and full.choices[0].message.role == "assistant"
+    assert full.choices[0].finish_reason == ref.finish_reason
+    assert full.usage.completion_tokens == len(ref.token_ids)
+    assert full.usage.prompt_tokens == len(chat_ids(engine, prompt))
+    assert full.usage.total_tokens == full.usage.prompt_tokens + full.usage.completion_tokens
+
+    chunks = list(chat(client, prompt, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+    with_choices = [c for c in chunks if c.choices]
+    assert [c.choices[0].finish_reason for c in with_choices][-1] == ref.finish_reason
+    assert all(c.choices[0].finish_reason is None for c in with_choices[:-1])
+    assert "".join(c.choices[0].delta.content or "" for c in with_choices) == full.choices[0].message.content
+    assert chunks[-1].choices == [] and chunks[-1].usage == full.usage
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_completions_stream_equals_non_stream(engine, client):
+    prompt = PROMPTS[3]
+    full = client.completions.create(model="tiny", prompt=prompt, max_tokens=20, temperature=0)
+    ref = engine.generate(engine.target.tokenize(prompt, special=True), SamplingParams(max_tokens=20))
+    assert full.choices[0].text == ref.text and full.object == "text_completion"
+    assert full.usage.completion_tokens == len(ref.token_ids)
+    chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=20, temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == ref.text
+    assert chunks[-1].choices[0].finish_reason == ref.finish_reason
+
+
+def test_raw_sse_format_ends_with_done(server):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0,
+            "stream": True}
+    with httpx.stream("POST", f"{server.url}/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(r.iter_lines())
+    assert events[-1] == "[DONE]"
+    first, last = events[0], events[-2]
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"] in ("stop", "length")
+    assert set(last["speculative"]) >= {"proposed", "accepted", "mean_accepted_length"}
+    assert "usage" not in first  # only with stream_options.include_usage
+
+
+def test_n_choices_and_seed(client):
+    r = chat(client, PROMPTS[2], n=3, temperature=1.0, seed=5)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    again = chat(client, PROMPTS[2], n=3, temperature=1.0, seed=5)
+    assert [c.message.content for c in r.choices] == [c.message.content for c in again.choices]
+    assert len({c.message.content for c in r.choices}) > 1, "choices must be independent samples"
+    greedy = chat(client, PROMPTS[2], n=2)
+    assert greedy.choices[0].message.content == greedy.choices[1].message.content
+    assert greedy.usage.completion_tokens == 2 * chat(client, PROMPTS[2]).usage.completion_tokens
+
+
+def test_eight_concurrent_requests_equal_solo(engine, client):
+    solo = [chat(client, p, max_tokens=32).choices[0].message.content for p in PROMPTS]
+    out = [None] * len(PROMPTS)
+
+    def run(i):
+        out[i] = chat(client, PROMPTS[i], max_tokens=32, stream=i % 2 == 1)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    texts = [o.choices[0].message.content if i % 2 == 0 else "".join(c.choices[0].delta.content or "" for c in o)
+             for i, o in enumerate(out)]
+    assert texts == solo
+
+
+@pytest.mark.parametrize("method,k", [("none", 0), ("ngram", 3), ("draft", 2)])
+def test_speculative_extension(client, method, k):
+    r = chat(client, PROMPTS[0], extra_body={"speculative": {"method": method, "num_speculative_tokens": k}})
+    spec = r.model_extra["speculative"]
+    assert spec["method"] == method and spec["num_speculative_tokens"] == k
+    assert (spec["proposed"] == 0) == (method == "none")
+    assert spec["accepted"] <= spec["proposed"]
+    assert r.choices[0].message.content == chat(client, PROMPTS[0]).choices[0].message.content
+
+
+def test_sampling_fields_flow_through_by_name(engine, client):
+    # top_k is not an OpenAI field: it reaches SamplingParams by name; top_k=1 is greedy
+    r = chat(client, PROMPTS[1], temperature=1.0, extra_body={"top_k": 1})
+    assert r.choices[0].message.content == chat(client, PROMPTS[1]).choices[0].message.content
+    with pytest.raises(openai.BadRequestError):
+        chat(client, PROMPTS[1], extra_body={"top_k": "many"})
+
+
+def test_stop_string(client):
+    text = chat(client, PROMPTS[0], max_tokens=30).choices[0].message.content
+    stop = text[5:8]
+    r = chat(client, PROMPTS[0], max_tokens=30, stop=[stop])
+    assert r.choices[0].message.content == text[: text.find(stop)] and r.choices[0].finish_reason == "stop"
+
+
+def test_client_disconnect_cancels(server, engine):
+    before = server.metric("specdec_requests_total", finish_reason="cancelled")
+    body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 400, "temperature": 0, "stream": True,
+            "speculative": {"method": "none"}}
+    with no_leaked_sequences(engine):
+        with httpx.stream("POST", f"{server.url}/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+        wait_until(lambda: server.metric("specdec_requests_total", finish_reason="cancelled") == before + 1,
+                   what="the request to be cancelled")
+
+
+def test_non_streaming_disconnect_cancels(server, engine):
+    before = server.metric("specdec_requests_total", finish_reason="cancelled")
+    body = {"model": "tiny", "prompt": PROMPTS[1], "max_tokens": 480, "temperature": 0,
+            "speculative": {"method": "none"}}
+    with no_leaked_sequences(engine):
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server.url}/completions", json=body, timeout=httpx.Timeout(60, read=0.3))
+        wait_until(lambda: server.metric("specdec_requests_total", finish_reason="cancelled") == before + 1,
+                   what="the request to be cancelled")
+
+
+def test_queue_full_gives_429_and_recovers(engine):
+    with LiveServer(engine, max_running=1, max_waiting=0) as srv:
+        body = {"prompt": PROMPTS[0], "max_tokens": 300, "temperature": 0, "stream": True}
+        with httpx.stream("POST", f"{srv.url}/completions", json=body, timeout=60) as r:
+            next(r.iter_lines())
+            busy = httpx.post(f"{srv.url}/completions", json={**body, "stream": False}, timeout=60)
+        assert busy.status_code == 429 and busy.json()["error"]["code"] == "queue_full"
+        wait_until(lambda: srv.metric("specdec_num_requests_running") == 0, what="slot freed")
+        ok = httpx.post(f"{srv.url}/completions", json={**body, "max_tokens": 3, "stream": False}, timeout=60)
+        assert ok.status_code == 200
+
+
+def test_api_key(engine):
+    with LiveServer(engine, api_key="s3cret") as srv:
+        bad = openai.OpenAI(base_url=srv.url, api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            bad.models.list()
+        r = httpx.post(f"{srv.url}/completions", json={"prompt": "x"})
+        assert r.status_code == 401 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+        good = openai.OpenAI(base_url=srv.url, api_key="s3cret", max_retries=0)
+        assert good.models.list().data[0].id == "tiny"
+        assert good.completions.create(model="tiny", prompt="hi", max_tokens=2).usage.completion_tokens <= 2
+        assert httpx.get(f"{srv.root}/health").status_code == 200
+
+
+def test_logprobs_or_refused(client):
+    try:
+        r = chat(client, PROMPTS[0], logprobs=True, top_logprobs=2, max_tokens=6)
+    except openai.BadRequestError as e:
+        assert "not supported" in str(e)
+        return
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+    assert json.dumps(r.model_dump())  # serialisable
