@@ -18,8 +18,11 @@ def load_engine(
     n_seq_max: int = 4,
     n_threads: int | None = None,
     progress: bool = True,
+    backend: str = "llama.cpp",
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> Engine:
-    """Load the target (and, unless ``spec.method`` is ngram/none, the draft) with llama.cpp.
+    """Load the target (and, unless ``spec.method`` is ngram/none, the draft) with llama.cpp or transformers.
 
     Args:
         target: A known model name (see ``specdec models``) or a GGUF path; default: the default target.
@@ -29,22 +32,49 @@ def load_engine(
         n_seq_max: Sequences (concurrent requests) one context holds.
         n_threads: CPU threads; default: physical cores.
         progress: Show download progress.
+        backend: ``"llama.cpp"`` (GGUF files) or ``"hf"`` (transformers/PyTorch: also Hugging Face
+            folders and hub names; needs ``pip install 'specdec[hf]'``).
+        device: ``cpu``, ``cuda`` or ``cuda:N`` (``hf`` only; default cpu).
+        dtype: ``float32``, ``bfloat16`` or ``float16`` (``hf`` only; default float32).
 
     Raises:
-        FileNotFoundError, ValueError: bad paths, non-GGUF files, mismatched vocabularies.
+        FileNotFoundError, ValueError: bad paths, non-GGUF files, mismatched vocabularies, an unknown
+            backend, device or dtype.
         specdec.models.ModelDownloadError: when a known model cannot be fetched.
     """
-    from specdec.backends.llama_cpp import LlamaCppBackend
-    from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
+    from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
     spec = spec or SpecConfig()
-    target_path = resolve_model(target or DEFAULT_TARGET, progress=progress)
-    tgt = LlamaCppBackend(target_path, n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=n_threads)
+    load = _backend_loader(backend, device, dtype, n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=n_threads,
+                           progress=progress)
+    tgt = load(target or DEFAULT_TARGET)
     dft = None
     if spec.method == "draft" or draft is not None:
-        draft_path = resolve_model(draft or DEFAULT_DRAFT, progress=progress)
-        dft = LlamaCppBackend(draft_path, n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=n_threads)
+        dft = load(draft or DEFAULT_DRAFT)
     return Engine(tgt, dft, spec)
+
+
+BACKENDS = ("llama.cpp", "hf")
+"""Names accepted by ``load_engine(backend=...)`` and ``--backend``."""
+
+
+def _backend_loader(backend: str, device: str | None, dtype: str | None, **kwargs):
+    """A function ``model name or path -> Backend`` for ``backend``; raises ValueError on bad options."""
+    if backend == "llama.cpp":
+        if device not in (None, "cpu") or dtype not in (None, "float32"):
+            raise ValueError("--device and --dtype apply to --backend hf; llama.cpp runs GGUF files on the CPU")
+        from specdec.backends.llama_cpp import LlamaCppBackend
+        from specdec.models import resolve_model
+
+        progress = kwargs.pop("progress")
+        return lambda name: LlamaCppBackend(resolve_model(name, progress=progress), **kwargs)
+    if backend == "hf":
+        try:
+            from specdec.backends.hf import HFBackend
+        except ImportError as e:
+            raise ValueError(f"--backend hf needs torch and transformers ({e}); pip install 'specdec[hf]'") from e
+        return lambda name: HFBackend.load(name, device=device or "cpu", dtype=dtype or "float32", **kwargs)
+    raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
 
 
 @functools.lru_cache(maxsize=2)

@@ -19,6 +19,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", help="draft model: a known name or a GGUF path (same vocabulary as the target)")
     p.add_argument("--n-ctx", type=int, default=4096, help="context window in tokens (default 4096)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
+    p.add_argument("--backend", choices=["llama.cpp", "hf"], default="llama.cpp",
+                   help="inference library: llama.cpp (GGUF) or hf (transformers/PyTorch; HF folders, hub names, "
+                        "GGUF dequantized once) (default llama.cpp)")
+    p.add_argument("--device", default=None, help="hf backend: cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="hf backend: weight dtype (default float32)")
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -149,7 +155,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     spec = SpecConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens)
     if args.n_ctx < 16:
         raise ValueError(f"--n-ctx must be at least 16, got {args.n_ctx}")
-    engine = load_engine(args.target, args.draft, spec, n_ctx=args.n_ctx, n_threads=args.threads)
+    engine = load_engine(args.target, args.draft, spec, n_ctx=args.n_ctx, n_threads=args.threads,
+                         backend=args.backend, device=args.device, dtype=args.dtype)
     chat = not args.raw
     label = f"speculative decoding: {spec.method}, k={spec.k}" if spec.k else "plain decoding"
     if args.stream:
@@ -225,7 +232,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"specdec: warning: serving on {args.host} without --api-key", file=sys.stderr)
     spec = SpecConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens)
     engine = load_engine(args.target, args.draft, spec, n_ctx=args.n_ctx, n_seq_max=args.max_concurrency,
-                         n_threads=args.threads)
+                         n_threads=args.threads, backend=args.backend, device=args.device, dtype=args.dtype)
     config = ServerConfig(
         model_name=args.served_model_name or engine.target.name, api_key=api_key,
         max_running=args.max_concurrency, max_waiting=args.max_queue, max_body_bytes=args.max_body_bytes,

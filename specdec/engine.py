@@ -6,8 +6,10 @@ The engine knows token ids and backends; it does not know text formats beyond th
 
 from __future__ import annotations
 
+import time
 from typing import Iterator, Sequence
 
+from specdec.adaptive import CostModel
 from specdec.backends.base import Backend
 from specdec.proposers import PROPOSERS, Proposer
 from specdec.request import Request, StreamChunk
@@ -34,7 +36,8 @@ class Engine:
         if draft is not None:
             check_vocab_compatible(target, draft)
         if self.spec.method == "draft" and draft is None:
-            raise ValueError("method 'draft' needs a draft model; pass one or choose ngram/none")
+            raise ValueError("method 'draft' needs a draft model; pass one or choose auto/ngram/none")
+        self.cost = CostModel()  # timings of these models on this machine, for method auto
         self.n_ctx = min(target.n_ctx, draft.n_ctx) if draft is not None else target.n_ctx
         # The real vocabulary, ids 0..vocab_size-1, shared by target and draft (checked above). Logit rows
         # past it are padding (Qwen: 151,665 tokens in 151,936 or 152,064 rows): every consumer of logits
@@ -70,7 +73,8 @@ class Engine:
         if spec.method == "draft" and self.draft is None:
             raise ValueError("method 'draft' needs a draft model")
         return PROPOSERS[spec.method](
-            draft=self.draft, vocab_size=self.vocab_size, ngram_max=spec.ngram_max, ngram_min=spec.ngram_min
+            draft=self.draft, vocab_size=self.vocab_size, ngram_max=spec.ngram_max, ngram_min=spec.ngram_min,
+            cost_model=self.cost, p_min=spec.draft_p_min,
         )
 
     # -- generation ----------------------------------------------------------------------------
@@ -102,8 +106,12 @@ class Engine:
         try:
             while not req.finished:
                 new, n_logits = req.plan()
+                t0 = time.perf_counter()
                 logits = self.target.eval({req.seq_id: (new, n_logits)})[req.seq_id]
-                yield req.commit(new, logits)
+                chunk = req.commit(new, logits)
+                # S(n) of the cost model: the target call and its verification, per decoding mode
+                self.cost.observe_target(len(new), time.perf_counter() - t0, req.params.greedy)
+                yield chunk
         finally:
             req.close()
 

@@ -187,6 +187,9 @@ class Request:
             logprobs=None if self.logprobs is None else self.logprobs[n_before:],
         )
         if self.finished:
+            report = getattr(self.proposer, "report", None)  # adaptive proposers: predictions, choices
+            if report is not None:
+                self.stats.adaptive = report()
             self.stats.new_tokens = len(self.generated)
             self.stats.prefill_seconds = self._t_first - self._t0
             self.stats.decode_seconds = now - self._t_first

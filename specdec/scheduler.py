@@ -146,9 +146,16 @@ class Scheduler:
 
     def cancel(self, job: Job) -> None:
         """Cancel a job (client gone): it emits nothing more and leaves before the next step."""
-        job.cancelled = True
         with self._cond:
+            if job.cancelled:
+                return
+            job.cancelled = True
+            waiting = job in self._waiting
+            if waiting:  # never admitted: leaves the queue now
+                self._waiting.remove(job)
             self._cond.notify()
+        if waiting and self.metrics is not None:
+            self.metrics.request_finished(job, "cancelled")
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams,
                spec: SpecConfig | None = None) -> Iterator[StreamChunk]:

@@ -26,10 +26,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 FinishReason = Literal["stop", "length"]
-Method = Literal["draft", "ngram", "none"]
+Method = Literal["draft", "ngram", "hybrid", "auto", "none"]
 Verify = Literal["token", "block"]
 
 MAX_SPECULATIVE_TOKENS = 64
+DEFAULT_K = {"draft": 4, "ngram": 4, "none": 4, "hybrid": 8, "auto": 16}
+"""Default ``num_speculative_tokens`` per method: fixed k for draft/ngram, the cap for hybrid/auto."""
 """Largest ``num_speculative_tokens`` accepted; beyond this the target's scoring cost dwarfs any gain."""
 
 
@@ -170,8 +172,13 @@ class SpecConfig:
     """Which proposer to use and how many tokens it drafts per step.
 
     Attributes:
-        method: ``"draft"`` (draft model), ``"ngram"`` (prompt lookup) or ``"none"`` (plain decoding).
-        num_speculative_tokens: ``k``, the largest number of draft tokens per target call.
+        method: ``"draft"`` (draft model), ``"ngram"`` (prompt lookup), ``"hybrid"`` (n-gram lookup, else
+            the draft model; k from acceptance statistics), ``"auto"`` (hybrid with k, 0 included, chosen
+            each step by the cost model of :mod:`specdec.adaptive`) or ``"none"`` (plain decoding).
+        num_speculative_tokens: ``k``, the largest number of draft tokens per target call; ``None``:
+            :data:`DEFAULT_K` of the method.
+        draft_p_min: Draft early stop (llama.cpp's ``--draft-p-min``): the draft model stops drafting
+            when its top probability falls below this; 0 disables it.
         ngram_max: Longest suffix n-gram the prompt-lookup proposer tries to match.
         ngram_min: Shortest suffix n-gram the prompt-lookup proposer tries to match.
         verify: ``"token"`` (token-by-token speculative sampling, Leviathan et al. 2023) or ``"block"``
@@ -183,14 +190,19 @@ class SpecConfig:
     """
 
     method: Method = "draft"
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int | None = None
     ngram_max: int = 3
     ngram_min: int = 1
     verify: Verify = "token"
+    draft_p_min: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.method not in ("draft", "ngram", "none"):
-            raise ValueError(f"unknown method {self.method!r}; choose draft, ngram or none")
+        if self.method not in DEFAULT_K:
+            raise ValueError(f"unknown method {self.method!r}; choose auto, hybrid, draft, ngram or none")
+        if self.num_speculative_tokens is None:
+            object.__setattr__(self, "num_speculative_tokens", DEFAULT_K[self.method])
+        if not 0 <= self.draft_p_min < 1:
+            raise ValueError(f"draft_p_min must be in [0, 1), got {self.draft_p_min}")
         if self.verify not in ("token", "block"):
             raise ValueError(f"unknown verify {self.verify!r}; choose token or block")
         k = self.num_speculative_tokens
@@ -220,6 +232,8 @@ class GenerationStats:
         prefill_seconds: Wall time of the prompt's prefill plus the first token (TTFT), seconds.
         decode_seconds: Wall time after the first token until the end, seconds.
         committed: Tokens committed by target calls (recovered/bonus included), for mean accepted length.
+        adaptive: For hybrid/auto: the cost model's predicted speed-up and the choices taken by source
+            and k (see :class:`specdec.adaptive.PredictionLog`); empty otherwise.
     """
 
     prompt_tokens: int = 0
@@ -232,6 +246,7 @@ class GenerationStats:
     accepted_by_position: list[int] = field(default_factory=list)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+    adaptive: dict = field(default_factory=dict)
 
     def record_step(self, proposed: int, accepted: int, committed: int) -> None:
         """Count one target call that verified ``proposed`` drafts, accepted ``accepted``, committed

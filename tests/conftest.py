@@ -57,10 +57,49 @@ def tiny_draft(tiny_draft_path):
         yield backend
 
 
+@pytest.fixture(scope="session")
+def hf_tiny_target():
+    """Hugging Face backend on a tiny random-weight transformers Qwen2 (2 layers, seed 0, float32, CPU,
+    one torch thread) with tiny_gguf's vocabulary (283 tokens): n_ctx 512, n_seq_max 4. Skipped
+    without ``specdec[hf]``."""
+    pytest.importorskip("transformers")
+    from tiny_hf import tiny_qwen2, tiny_tokenizer
+
+    from specdec.backends.hf import HFBackend
+
+    return HFBackend(tiny_qwen2(0), tiny_tokenizer(), n_ctx=TINY_N_CTX, n_seq_max=TINY_N_SEQ_MAX,
+                     name="hf-tiny-target", n_threads=1)
+
+
+@pytest.fixture(scope="session")
+def hf_tiny_draft(hf_tiny_target):
+    """A draft for ``hf_tiny_target``: its weights plus 10% noise, so greedy drafts are accepted about
+    half the time (sampled ones more often), as with a real draft model."""
+    from tiny_hf import layer_skip_draft
+
+    from specdec.backends.hf import HFBackend
+
+    model = layer_skip_draft(hf_tiny_target.model, n_layer=2, noise=0.1)
+    return HFBackend(model, hf_tiny_target.tokenizer, n_ctx=TINY_N_CTX, n_seq_max=TINY_N_SEQ_MAX,
+                     name="hf-tiny-draft")
+
+
+TINY_PAIRS = {"llama.cpp": ("tiny_target", "tiny_draft"), "hf": ("hf_tiny_target", "hf_tiny_draft")}
+"""Backend name -> (target fixture, draft fixture) of the tiny model pairs."""
+
+
+@pytest.fixture(params=sorted(TINY_PAIRS))
+def tiny_pair(request):
+    """``(target, draft)`` tiny backends, once per backend (``llama.cpp``, ``hf``): use it to run a test
+    on every backend."""
+    target, draft = TINY_PAIRS[request.param]
+    return request.getfixturevalue(target), request.getfixturevalue(draft)
+
+
 @pytest.fixture(autouse=True)
 def _free_leaked_sequences(request):
     yield
-    for name in ("tiny_target", "tiny_draft"):
+    for name in ("tiny_target", "tiny_draft", "hf_tiny_target", "hf_tiny_draft"):
         if name in request.fixturenames:
             backend = request.getfixturevalue(name)
             for seq_id in backend.sequences:

@@ -26,6 +26,9 @@ PROMPTS = [
     "héllo wörld ✓ 日本語のテキスト",
     "The capital of France is",
 ]
+LONG = "x" * 20
+"""A prompt whose greedy continuation on the tiny target runs 450+ tokens without an end-of-generation
+token (most random-weight continuations hit one within ~100 tokens)."""
 
 
 def tiny_engine(target_path, draft_path, n_seq_max: int = 8, n_ctx: int = 512) -> Engine:

@@ -2,11 +2,12 @@
 
 import json
 import threading
+import time
 
 import httpx
 import openai
 import pytest
-from server_helpers import PROMPTS, LiveServer, no_leaked_sequences, sse_events, tiny_engine, wait_until
+from server_helpers import LONG, PROMPTS, LiveServer, no_leaked_sequences, sse_events, tiny_engine, wait_until
 
 from specdec.types import SamplingParams, SpecConfig
 
@@ -148,9 +149,22 @@ def test_stop_string(client):
     assert r.choices[0].message.content == text[: text.find(stop)] and r.choices[0].finish_reason == "stop"
 
 
-def test_client_disconnect_cancels(server, engine):
+@pytest.fixture
+def slow_steps(engine, monkeypatch):
+    """Every target call takes 20 ms longer, so a long request is surely still running when the test
+    acts on it (the tiny model alone can produce 400 tokens in under half a second)."""
+    real_eval = engine.target.eval
+
+    def eval(batch):
+        time.sleep(0.02)
+        return real_eval(batch)
+
+    monkeypatch.setattr(engine.target, "eval", eval)
+
+
+def test_client_disconnect_cancels(server, engine, slow_steps):
     before = server.metric("specdec_requests_total", finish_reason="cancelled")
-    body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 400, "temperature": 0, "stream": True,
+    body = {"model": "tiny", "prompt": LONG, "max_tokens": 400, "temperature": 0, "stream": True,
             "speculative": {"method": "none"}}
     with no_leaked_sequences(engine):
         with httpx.stream("POST", f"{server.url}/completions", json=body, timeout=60) as r:
@@ -160,20 +174,26 @@ def test_client_disconnect_cancels(server, engine):
                    what="the request to be cancelled")
 
 
-def test_non_streaming_disconnect_cancels(server, engine):
-    before = server.metric("specdec_requests_total", finish_reason="cancelled")
-    body = {"model": "tiny", "prompt": PROMPTS[1], "max_tokens": 480, "temperature": 0,
-            "speculative": {"method": "none"}}
-    with no_leaked_sequences(engine):
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.post(f"{server.url}/completions", json=body, timeout=httpx.Timeout(60, read=0.3))
-        wait_until(lambda: server.metric("specdec_requests_total", finish_reason="cancelled") == before + 1,
-                   what="the request to be cancelled")
+def test_non_streaming_disconnect_cancels(engine, slow_steps):
+    # One slot, held by a streaming request: the non-streaming one waits in the queue, and its client
+    # gives up. It must leave as cancelled instead of running once the slot frees.
+    with LiveServer(engine, max_running=1, max_waiting=4) as srv, no_leaked_sequences(engine):
+        body = {"prompt": LONG, "max_tokens": 400, "temperature": 0, "speculative": {"method": "none"}}
+        with httpx.stream("POST", f"{srv.url}/completions", json={**body, "stream": True}, timeout=60) as r:
+            next(r.iter_lines())
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(f"{srv.url}/completions", json=body, timeout=httpx.Timeout(60, read=0.5))
+            wait_until(lambda: srv.metric("specdec_requests_total", finish_reason="cancelled") == 1,
+                       what="the waiting request to be cancelled")
+        wait_until(lambda: srv.metric("specdec_requests_total", finish_reason="cancelled") == 2,
+                   what="the streaming request to be cancelled")
+        assert srv.metric("specdec_num_requests_waiting") == 0
+        assert srv.metric("specdec_requests_total", finish_reason="length") == 0
 
 
-def test_queue_full_gives_429_and_recovers(engine):
+def test_queue_full_gives_429_and_recovers(engine, slow_steps):
     with LiveServer(engine, max_running=1, max_waiting=0) as srv:
-        body = {"prompt": PROMPTS[0], "max_tokens": 300, "temperature": 0, "stream": True}
+        body = {"prompt": LONG, "max_tokens": 300, "temperature": 0, "stream": True}
         with httpx.stream("POST", f"{srv.url}/completions", json=body, timeout=60) as r:
             next(r.iter_lines())
             busy = httpx.post(f"{srv.url}/completions", json={**body, "stream": False}, timeout=60)

@@ -17,13 +17,14 @@ import torch
 from tiny_gguf import CHATML_TEMPLATE, CONTROL_TOKENS, tiny_vocab
 
 
-def tiny_tokenizer():
-    """A ``PreTrainedTokenizerFast`` over tiny_gguf's vocabulary: byte-level BPE, ChatML template,
-    ``<|im_end|>`` as eos, control tokens special."""
+def tiny_tokenizer(extra_vocab: int = 0):
+    """A ``PreTrainedTokenizerFast`` over tiny_gguf's vocabulary (``extra_vocab`` extra normal tokens
+    before the control tokens): byte-level BPE, ChatML template, ``<|im_end|>`` as eos, control tokens
+    special."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    tokens, _, merges = tiny_vocab()
+    tokens, _, merges = tiny_vocab(extra_vocab)
     normal = tokens[: len(tokens) - len(CONTROL_TOKENS)]
     bpe = models.BPE(vocab={t: i for i, t in enumerate(normal)}, merges=[tuple(m.split(" ")) for m in merges])
     tk = Tokenizer(bpe)
@@ -38,7 +39,7 @@ def tiny_tokenizer():
 
 def tiny_qwen2(seed: int = 0, *, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
                n_ff: int = 128, n_ctx: int = 512, n_padding: int = 0, padding_bait: bool = False,
-               scale: float = 2.5):
+               scale: float = 2.5, extra_vocab: int = 0):
     """A random-weight ``Qwen2ForCausalLM`` in float32, eval mode, on the CPU.
 
     Args:
@@ -49,10 +50,11 @@ def tiny_qwen2(seed: int = 0, *, n_layer: int = 2, n_embd: int = 64, n_head: int
         n_padding: LM-head rows past the tokenizer's vocabulary.
         padding_bait: Make each padding row 3x a real row, so padded ids often have the top logit.
         scale: Standard deviation of the output logits.
+        extra_vocab: As for :func:`tiny_tokenizer` (the vocabulary the model is built for).
     """
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    tokens, _, _ = tiny_vocab()
+    tokens, _, _ = tiny_vocab(extra_vocab)
     n_real = len(tokens)
     config = Qwen2Config(
         vocab_size=n_real + n_padding, hidden_size=n_embd, intermediate_size=n_ff, num_hidden_layers=n_layer,
@@ -84,3 +86,25 @@ def tiny_qwen2(seed: int = 0, *, n_layer: int = 2, n_embd: int = 64, n_head: int
             model.lm_head.weight[n_real:] = 3.0 * model.lm_head.weight[rows]
     model.generation_config.eos_token_id = [n_real - 1, n_real - 3]
     return model.eval()
+
+
+def layer_skip_draft(model, n_layer: int = 1, noise: float = 0.0, seed: int = 0):
+    """A draft made from ``model``: its first ``n_layer`` blocks, embeddings, final norm and LM head
+    (self-speculation by layer skipping), optionally with Gaussian noise of relative size ``noise`` on
+    every weight. It agrees with the target often but not always, as a real draft does."""
+    import copy
+
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = n_layer
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:n_layer]
+    draft = type(model)(config)
+    keep = {k: v for k, v in model.state_dict().items()
+            if not (k.startswith("model.layers.") and int(k.split(".")[2]) >= n_layer)}
+    gen = torch.Generator().manual_seed(seed)
+    if noise:
+        keep = {k: v + noise * v.std() * torch.randn(v.shape, generator=gen) if v.ndim == 2 else v
+                for k, v in keep.items()}
+    draft.load_state_dict(keep)
+    draft.generation_config = copy.deepcopy(model.generation_config)
+    return draft.eval()

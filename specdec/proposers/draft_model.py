@@ -30,11 +30,18 @@ class DraftModelProposer:
         draft: The draft model's backend (one sequence is reserved per proposer).
         vocab_size: Rows of the target's vocabulary; draft logits are sliced to it, so a padded
             draft vocabulary never proposes a token the target cannot score.
+        p_min: Early stop (llama.cpp's ``--draft-p-min``): stop before a draft token whose probability
+            under the draft (softmax of its logits; q when sampling) is below ``p_min``; 0 disables it.
+        lazy_prefill: Do not prefill in :meth:`prepare`; the first :meth:`propose` catches up instead
+            (for proposers that may never use the draft model).
     """
 
-    def __init__(self, draft: Backend, vocab_size: int | None = None, **_: object):
+    def __init__(self, draft: Backend, vocab_size: int | None = None, p_min: float = 0.0,
+                 lazy_prefill: bool = False, **_: object):
         self.cache = SequenceCache(draft)
         self.vocab_size = vocab_size or draft.n_vocab
+        self.p_min = p_min
+        self.lazy_prefill = lazy_prefill
         self._prompt: list[int] = []
         self._state: SamplingState | None = None
 
@@ -42,7 +49,8 @@ class DraftModelProposer:
         """Prefill the draft with the prompt (and remember it: penalties count prompt tokens)."""
         self._prompt = list(context)
         self._state = None
-        self.cache.score(list(context), 1)
+        if not self.lazy_prefill:
+            self.cache.score(list(context), 1)
 
     def _sampling_state(self, context: Sequence[int], params: SamplingParams) -> SamplingState:
         """The request's processing state, synced to ``context`` (prompt + committed tokens)."""
@@ -66,8 +74,12 @@ class DraftModelProposer:
             logits = self.cache.score(seq, 1)[:, : self.vocab_size]  # [1, V] float32
             if params.greedy:
                 tok = int(state.argmax(logits, tokens)[0])
+                if self.p_min > 0 and _top_probability(logits[0]) < self.p_min:
+                    break
             else:
                 q = state.probs(logits, tokens)[0]  # [V] float64, history: context + tokens so far
+                if self.p_min > 0 and q.max() < self.p_min:
+                    break
                 tok = sample(q, rng)
                 rows.append(q)
             tokens.append(tok)
@@ -80,3 +92,8 @@ class DraftModelProposer:
     def close(self) -> None:
         """Free the draft sequence."""
         self.cache.free()
+
+
+def _top_probability(logits: np.ndarray) -> float:
+    """Largest softmax probability of one row of logits (``[V] float32``)."""
+    return float(1.0 / np.exp(logits - logits.max()).sum())

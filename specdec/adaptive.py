@@ -1,0 +1,335 @@
+"""The cost model and the k policy of adaptive speculation (``--method auto``).
+
+One speculative step drafts ``k`` tokens and scores ``k+1`` in one target call. With
+``alpha_i = P(draft i accepted | drafts 1..i-1 accepted)`` the expected number of committed tokens is
+
+    E(k) = 1 + sum_{j=1..k} prod_{i=1..j} alpha_i                                          (1)
+
+which for a constant ``alpha`` is ``(1 - alpha^(k+1)) / (1 - alpha)``, Leviathan et al. 2023 (arXiv
+2211.17192), eq. 1. Their Theorem 3.8 gives the wall-time improvement ``E(k) / (k c + 1)`` with ``c``
+the draft/target cost ratio, assuming the target scores ``k+1`` tokens as fast as one. That assumption
+holds on a GPU and fails on a compute-bound CPU, where scoring 4 tokens costs ~2.6x one token. So we
+measure instead of assuming:
+
+    rate(k) = E(k) / (D(k) + S(k+1)),    plain decoding: rate(0) = 1 / S(1)                  (2)
+
+``S(n)``: wall time of one target call scoring ``n`` tokens, verification included (:class:`TimingTable`,
+per backend instance and decoding mode, learned online from every step); ``D(k)``: the proposer's time
+for ``k`` drafts (a draft model's ``k * t_draft`` plus any catch-up on tokens it has not seen; n-gram
+lookup ~0). ``alpha_i`` is tracked per request and per kind of proposal, decayed so it follows the text,
+shrunk towards the engine's pooled estimate (:class:`AcceptanceStats`). Each step takes
+``argmax_k rate(k)``, ``k = 0`` (a plain step) included, so speculation switches itself off when it does
+not pay; after a run of plain steps a :class:`ProbeSchedule` spends one step on the best speculative
+option to refresh the acceptance estimate (the interval doubles while probes keep losing).
+
+Unmeasured sizes: between measured sizes ``S`` is interpolated; beyond the largest measured size it is
+bounded below by that size's time (scoring more tokens never costs less). Decisions use this optimistic
+bound, so a size that could pay is tried once and then known (optimism in the face of uncertainty).
+
+This module knows numbers only: no models, tokens or arrays of logits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+N_MAX = 65
+"""Largest number of tokens per target call the cost model tracks (k_max = 64, plus one)."""
+
+ACCEPT_PRIOR = {"draft": 0.7, "ngram1": 0.25, "ngram2": 0.4, "ngram3": 0.55}
+"""Prior acceptance rate per kind of proposal before any is measured; ``ngramN`` = an N-token suffix
+match (longer matches are likelier to continue). Unlisted n-gram orders use 0.65."""
+
+
+def expected_tokens(accept: np.ndarray) -> np.ndarray:
+    """Expected committed tokens for every k, eq. (1) of the module docstring.
+
+    Args:
+        accept: ``[K] float64`` conditional acceptance probabilities ``alpha_1..alpha_K``.
+
+    Returns:
+        ``[K+1] float64``: ``E(0) = 1, E(1), ..., E(K)``.
+    """
+    return np.concatenate(([1.0], 1.0 + np.cumsum(np.cumprod(np.asarray(accept, dtype=np.float64)))))
+
+
+class TimingTable:
+    """Online wall time of one call by its size ``n`` (tokens), ``n = 1..n_max``, in seconds.
+
+    Each size keeps an exponentially weighted mean (weight ``alpha`` for a new sample). Once a size
+    has three samples, a new one is clipped to [0.5x, 2x] of the mean, so a burst of load from another
+    process moves the estimate only a little.
+
+    Args:
+        n_max: Largest size tracked; larger calls (prefills) are ignored.
+        alpha: Weight of a new sample.
+    """
+
+    def __init__(self, n_max: int = N_MAX, alpha: float = 0.2):
+        self.n_max = n_max
+        self.alpha = alpha
+        self.mean = np.zeros(n_max + 1)  # [n_max+1] float64 seconds; index 0 unused
+        self.count = np.zeros(n_max + 1, dtype=np.int64)
+
+    def observe(self, n: int, seconds: float) -> None:
+        """Record one call of size ``n`` that took ``seconds``."""
+        if not 1 <= n <= self.n_max or not seconds > 0:
+            return
+        if self.count[n] == 0:
+            self.mean[n] = seconds
+        else:
+            if self.count[n] >= 3:
+                seconds = min(max(seconds, 0.5 * self.mean[n]), 2.0 * self.mean[n])
+            self.mean[n] += self.alpha * (seconds - self.mean[n])
+        self.count[n] += 1
+
+    @property
+    def measured(self) -> bool:
+        """True once any size has a sample."""
+        return bool(self.count.any())
+
+    def estimate(self, n: int, optimistic: bool = False) -> float:
+        """Seconds for a call of size ``n``; NaN when nothing is measured.
+
+        A measured size returns its mean; between measured sizes, linear interpolation; below the
+        smallest, that size's time scaled by ``n / n_lo``; beyond the largest, with ``optimistic`` its
+        time (a lower bound: a call never gets cheaper with more tokens), otherwise extrapolated with
+        the slope between the two largest measured sizes (or proportionally when only one is known).
+        """
+        sizes = np.flatnonzero(self.count)
+        if len(sizes) == 0:
+            return math.nan
+        n = min(max(n, 1), self.n_max)
+        if self.count[n]:
+            return float(self.mean[n])
+        i = int(np.searchsorted(sizes, n))
+        if i == 0:
+            return float(self.mean[sizes[0]] * n / sizes[0])
+        lo = sizes[i - 1]
+        if i < len(sizes):
+            hi = sizes[i]
+            w = (n - lo) / (hi - lo)
+            return float((1 - w) * self.mean[lo] + w * self.mean[hi])
+        if optimistic:
+            return float(self.mean[lo])
+        if len(sizes) >= 2:
+            lo2 = sizes[-2]
+            slope = max(0.0, (self.mean[lo] - self.mean[lo2]) / (lo - lo2))
+        else:
+            slope = self.mean[lo] / lo
+        return float(self.mean[lo] + slope * (n - lo))
+
+
+class AcceptanceStats:
+    """Decayed per-position acceptance counts of one kind of proposal.
+
+    ``reached[i]`` counts steps where draft position ``i`` (0-based) was verified with every earlier
+    draft accepted, ``accepted[i]`` those where it was accepted too, so ``accepted[i] / reached[i]``
+    estimates ``alpha_{i+1}``. Before each update all counts are multiplied by ``decay``. Estimates are
+    shrunk towards the parent's (the engine's pooled statistics) or a constant prior with weight
+    ``strength``: ``(accepted[i] + strength * parent_i) / (reached[i] + strength)``.
+
+    Args:
+        prior: Constant prior acceptance, used when there is no parent.
+        parent: Statistics to shrink towards (the engine-level pool of the same kind), or None.
+        decay: Factor applied to all counts before each observation (1 = no forgetting).
+        strength: Weight of the parent/prior, in pseudo-observations.
+    """
+
+    def __init__(self, prior: float, parent: "AcceptanceStats | None" = None, decay: float = 0.9,
+                 strength: float = 2.0, k_max: int = N_MAX):
+        self.prior = prior
+        self.parent = parent
+        self.decay = decay
+        self.strength = strength
+        self.reached = np.zeros(k_max)  # [k_max] float64
+        self.accepted = np.zeros(k_max)  # [k_max] float64
+
+    def observe(self, num_proposed: int, num_accepted: int) -> None:
+        """Record one verified block: ``num_accepted`` of ``num_proposed`` drafts kept."""
+        if num_proposed <= 0:
+            return
+        self.reached *= self.decay
+        self.accepted *= self.decay
+        n_reached = min(num_accepted + 1, num_proposed)
+        self.reached[:n_reached] += 1.0
+        self.accepted[:num_accepted] += 1.0
+        if self.parent is not None:
+            self.parent.observe(num_proposed, num_accepted)
+
+    def conditional(self, k: int) -> np.ndarray:
+        """``[k] float64`` estimates of ``alpha_1..alpha_k``."""
+        base = self.parent.conditional(k) if self.parent is not None else np.full(k, self.prior)
+        return (self.accepted[:k] + self.strength * base) / (self.reached[:k] + self.strength)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One step's decision: draft ``k`` tokens from ``source`` (``k = 0``: a plain step).
+
+    Attributes:
+        source: ``"draft"``, ``"ngram"`` or ``None`` for a plain step.
+        k: Draft tokens to propose.
+        tokens: Predicted committed tokens, E(k).
+        seconds: Predicted wall time of the step, D(k) + S(k+1).
+        probe: True when taken to refresh statistics rather than because it was best.
+    """
+
+    source: str | None
+    k: int
+    tokens: float
+    seconds: float
+    probe: bool = False
+
+    @property
+    def rate(self) -> float:
+        """Predicted committed tokens per second."""
+        return self.tokens / self.seconds if self.seconds > 0 else math.inf
+
+
+@dataclass
+class ProbeSchedule:
+    """When speculation is off, try it again after ``interval`` plain steps; the interval doubles
+    (up to ``max_interval``) while probes keep losing and resets when speculation wins on its own."""
+
+    interval: int = 8
+    min_interval: int = 8
+    max_interval: int = 64
+    off_steps: int = 0
+    probed: bool = False
+
+    def should_probe(self) -> bool:
+        """Count one plain step; True when the next speculative option should be tried anyway."""
+        if self.probed:  # the last step was a probe and plain still wins: back off
+            self.interval = min(2 * self.interval, self.max_interval)
+            self.probed = False
+        self.off_steps += 1
+        if self.off_steps >= self.interval:
+            self.off_steps = 0
+            self.probed = True
+            return True
+        return False
+
+    def speculating(self) -> None:
+        """Speculation won on its own merits: probe quickly again next time it switches off."""
+        self.interval, self.off_steps, self.probed = self.min_interval, 0, False
+
+
+class CostModel:
+    """Per-engine timings (target ``S(n)`` per decoding mode, draft per-token and catch-up times) and
+    pooled acceptance statistics; see the module docstring for the model.
+
+    Fed by the engine loop (:meth:`observe_target`) and by adaptive proposers (:meth:`observe_draft`).
+    """
+
+    def __init__(self) -> None:
+        self.target = {True: TimingTable(), False: TimingTable()}  # greedy? -> S(n)
+        self.draft_token = TimingTable(n_max=1)  # [1]: seconds per drafted token
+        self.draft_catchup = TimingTable(n_max=1)  # [1]: seconds per catch-up token
+        self.pool: dict[str, AcceptanceStats] = {}
+
+    # -- timings --------------------------------------------------------------------------------
+    def observe_target(self, n: int, seconds: float, greedy: bool) -> None:
+        """One target call that scored ``n`` tokens (and verified them) in ``seconds``."""
+        self.target[greedy].observe(n, seconds)
+
+    def observe_draft(self, k: int, catchup: int, seconds: float) -> None:
+        """A draft model drafted ``k`` tokens in ``seconds`` after catching up on ``catchup`` tokens
+        it had not seen (1 or 2 in steady state: the recovered/bonus token, perhaps the last draft)."""
+        if k <= 0:
+            return
+        if catchup <= 2:
+            self.draft_token.observe(1, seconds / k)
+        elif catchup >= 8 and self.draft_token.measured:
+            rest = seconds - k * self.draft_token.estimate(1)
+            if rest > 0:
+                self.draft_catchup.observe(1, rest / (catchup - 1))
+
+    def step_seconds(self, n: int, greedy: bool, optimistic: bool = False) -> float:
+        """``S(n)``: predicted seconds of one target call scoring ``n`` tokens; NaN if unknown."""
+        s = self.target[greedy].estimate(n, optimistic)
+        if math.isnan(s) and self.target[not greedy].measured:
+            s = self.target[not greedy].estimate(n, optimistic)
+        return s
+
+    def draft_seconds(self, k: int, catchup: int, greedy: bool, horizon: int = 16) -> float:
+        """``D(k)`` of a draft model: ``k`` tokens plus catch-up on ``catchup`` unseen tokens, the
+        catch-up amortized over ``horizon`` steps (it is paid once, then drafting stays in sync).
+        Before any measurement the draft is assumed to cost half a target token."""
+        t_tok = self.draft_token.estimate(1)
+        if math.isnan(t_tok):
+            t_tok = 0.5 * self.step_seconds(1, greedy)
+        t_up = self.draft_catchup.estimate(1)
+        if math.isnan(t_up):
+            t_up = 0.25 * t_tok
+        return k * t_tok + t_up * max(0, catchup - 2) / horizon
+
+    # -- acceptance -----------------------------------------------------------------------------
+    def stats(self, kind: str) -> AcceptanceStats:
+        """A fresh per-request :class:`AcceptanceStats` for ``kind`` that feeds the engine's pool."""
+        if kind not in self.pool:
+            self.pool[kind] = AcceptanceStats(ACCEPT_PRIOR.get(kind, 0.65), decay=0.98, strength=4.0)
+        return AcceptanceStats(self.pool[kind].prior, parent=self.pool[kind])
+
+    # -- the choice -----------------------------------------------------------------------------
+    def best_k(self, accept: np.ndarray, prop_seconds, greedy: bool) -> Choice | None:
+        """The best ``k >= 1`` for one source by eq. (2), with optimistic sizes.
+
+        Args:
+            accept: ``[K] float64`` conditional acceptance estimates; K = most drafts available.
+            prop_seconds: ``k -> D(k)`` seconds.
+            greedy: Decoding mode (selects the ``S(n)`` table).
+
+        Returns:
+            The best choice, or None when ``K == 0`` or ``S(1)`` is unknown.
+        """
+        if len(accept) == 0 or math.isnan(self.step_seconds(1, greedy)):
+            return None
+        e = expected_tokens(accept)
+        best = None
+        for k in range(1, len(accept) + 1):
+            t = prop_seconds(k) + self.step_seconds(k + 1, greedy, optimistic=True)
+            c = Choice(None, k, float(e[k]), t)
+            if best is None or c.rate > best.rate:
+                best = c
+        return best
+
+    def plain(self, greedy: bool) -> Choice:
+        """A plain step: one token in ``S(1)`` seconds (NaN before any measurement)."""
+        return Choice(None, 0, 1.0, self.step_seconds(1, greedy))
+
+
+@dataclass
+class PredictionLog:
+    """Sums over a request's steps of what the policy predicted, for the bench's predicted speed-up.
+
+    Attributes:
+        tokens: Sum of E(k) over steps.
+        seconds: Sum of predicted step seconds.
+        plain_seconds: Sum of the predicted S(1) at each step (the plain-decoding reference).
+        steps: ``source -> {k: count}`` of the choices taken.
+    """
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+    plain_seconds: float = 0.0
+    steps: dict = field(default_factory=dict)
+
+    def add(self, choice: Choice, plain_seconds: float) -> None:
+        """Record one step's choice."""
+        if math.isnan(choice.seconds) or math.isnan(plain_seconds):
+            return
+        self.tokens += choice.tokens
+        self.seconds += choice.seconds
+        self.plain_seconds += plain_seconds
+        by_k = self.steps.setdefault(choice.source or "none", {})
+        by_k[choice.k] = by_k.get(choice.k, 0) + 1
+
+    def report(self) -> dict:
+        """``{"predicted_speedup", "steps"}``: predicted tokens/s over plain's, choices by source and k."""
+        n = sum(sum(v.values()) for v in self.steps.values())
+        speedup = (self.tokens / self.seconds) / (n / self.plain_seconds) if self.seconds > 0 and n else math.nan
+        return {"predicted_speedup": speedup, "steps": {s: dict(sorted(v.items())) for s, v in self.steps.items()}}

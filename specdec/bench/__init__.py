@@ -1,0 +1,1 @@
+"""Benchmark runners, peers and reports."""

@@ -1,0 +1,231 @@
+"""specdec's transformers backend against transformers' own speculative decoding, in one run.
+
+Peers (same process, same model objects, same prompts, same token budget, greedy):
+
+- ``hf_plain``: ``model.generate(...)``;
+- ``hf_assisted``: ``model.generate(..., assistant_model=draft)`` (assisted generation; transformers'
+  defaults: up to 20 draft tokens, drafting stops when the draft's top probability is below 0.4);
+- ``hf_lookup``: ``model.generate(..., prompt_lookup_num_tokens=N)`` (prompt lookup decoding);
+
+against specdec's engine on :class:`~specdec.backends.hf.HFBackend` wrapping the very same models:
+``specdec_none`` (plain, the engine's overhead), ``specdec_draft`` and ``specdec_ngram``, plus any extra
+``--spec`` (e.g. ``auto``). Methods run interleaved per prompt, in an order rotated from prompt to
+prompt, so machine noise hits all alike; only ratios measured in this one run are meaningful.
+
+Prompts: the first ``--per-category`` questions of each Spec-Bench category (first turn, rendered with
+the chat template). Tokens/s counts new tokens over the wall time of the whole call, prefill included.
+
+Run: ``python -m specdec.bench.hf_peer --per-category 5 --max-tokens 128 --threads 2 --out hf-peer.json``.
+Needs ``specdec[hf]``; the default pair is dequantized from its GGUF files once (see
+:mod:`specdec.backends.hf_loading`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+SPEC_BENCH = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "spec_bench" / "question.jsonl"
+"""Spec-Bench questions, relative to the project root (``../shared/data``)."""
+
+
+def spec_bench_category(question_id: int, category: str) -> str:
+    """Spec-Bench's six task names: ids 81-160 are MT-bench (multi-turn conversation), the rest carry theirs."""
+    return "mt_bench" if 81 <= question_id <= 160 else category
+
+
+def load_prompts(path: Path, per_category: int) -> list[tuple[str, str]]:
+    """``[(category, first turn)]``: the first ``per_category`` questions of each category, categories
+    interleaved (one of each, then the second of each, ...).
+
+    Raises:
+        ValueError: when the file is missing.
+    """
+    if not path.is_file():
+        raise ValueError(f"Spec-Bench questions not found at {path}; pass --questions PATH")
+    by_cat: dict[str, list[str]] = defaultdict(list)
+    for line in path.read_text().splitlines():
+        q = json.loads(line)
+        by_cat[spec_bench_category(q["question_id"], q["category"])].append(q["turns"][0])
+    out = []
+    for i in range(per_category):
+        out += [(cat, qs[i]) for cat, qs in by_cat.items() if i < len(qs)]
+    return out
+
+
+def parse_spec(text: str):
+    """``"draft:k=8,draft_p_min=0.4"`` -> ``(label, SpecConfig)``; ``k`` abbreviates
+    ``num_speculative_tokens``; values are cast to the field's type.
+
+    Raises:
+        ValueError: on an unknown field or a bad value.
+    """
+    from specdec.types import SpecConfig
+
+    method, _, opts = text.partition(":")
+    kwargs: dict = {"method": method}
+    fields = {f.name: f for f in dataclasses.fields(SpecConfig)}
+    for item in filter(None, opts.split(",")):
+        key, _, value = item.partition("=")
+        key = "num_speculative_tokens" if key == "k" else key
+        if key not in fields:
+            raise ValueError(f"--spec {text!r}: unknown SpecConfig field {key!r}")
+        kwargs[key] = float(value) if "." in value else int(value) if value.lstrip("-").isdigit() else value
+    label = "specdec_" + text.replace(":", "_").replace(",", "_").replace("=", "")
+    return label, SpecConfig(**kwargs)
+
+
+def _hf_runner(model, draft_model, ids, eos: list[int], pad: int, max_tokens: int, mode: str, lookup: int):
+    import torch
+
+    kwargs = dict(max_new_tokens=max_tokens, do_sample=False, eos_token_id=eos, pad_token_id=pad,
+                  attention_mask=torch.ones_like(ids))
+    if mode == "assisted":
+        kwargs["assistant_model"] = draft_model
+    elif mode == "lookup":
+        kwargs["prompt_lookup_num_tokens"] = lookup
+
+    def run() -> list[int]:
+        with torch.inference_mode():
+            out = model.generate(ids, **kwargs)
+        new = out[0, ids.shape[1]:].tolist()
+        while new and new[-1] in eos:  # the end-of-generation token is not output, as in specdec
+            new.pop()
+        return new
+
+    return run
+
+
+def run_bench(args: argparse.Namespace) -> dict:
+    """Load the pair once, run every method on every prompt (interleaved), return per-run records."""
+    import torch
+
+    from specdec.backends.hf import HFBackend
+    from specdec.engine import Engine
+    from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+    from specdec.types import SamplingParams, SpecConfig
+
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    common = dict(device=args.device, dtype=args.dtype, n_ctx=args.n_ctx, n_seq_max=2, n_threads=args.threads)
+    target = HFBackend.load(args.target or DEFAULT_TARGET, **common)
+    draft = HFBackend.load(args.draft or DEFAULT_DRAFT, **common)
+    print(f"loaded {target.name} and {draft.name} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    engine = Engine(target, draft, SpecConfig(method="draft"))
+    eos, pad = sorted(target.eog_ids), int(target.tokenizer.pad_token_id or min(target.eog_ids))
+    params = SamplingParams(max_tokens=args.max_tokens)
+    specs = [("specdec_none", SpecConfig(method="none")), ("specdec_draft", SpecConfig(method="draft", num_speculative_tokens=args.k)),
+             ("specdec_ngram", SpecConfig(method="ngram", num_speculative_tokens=args.k))]
+    specs += [parse_spec(s) for s in args.spec]
+
+    def methods_for(ids_list: list[int]):
+        ids = torch.tensor([ids_list], device=target.device)
+        runs = {f"hf_{m}": _hf_runner(target.model, draft.model, ids, eos, pad, args.max_tokens, m, args.lookup)
+                for m in ("plain", "assisted", "lookup")}
+        for label, spec in specs:
+            def run(spec=spec):
+                res = engine.generate(ids_list, params, spec)
+                return res.token_ids, res.stats
+            runs[label] = run
+        return runs
+
+    prompts = load_prompts(Path(args.questions), args.per_category)
+    warm = target.tokenize(target.apply_chat_template([{"role": "user", "content": "Say hi."}]), special=True)
+    for run in methods_for(warm).values():  # first-call costs (allocator, lazy inits) out of the timings
+        run()
+    records = []
+    for i, (cat, question) in enumerate(prompts):
+        ids = target.tokenize(target.apply_chat_template([{"role": "user", "content": question}]), special=True)
+        ids = ids[: args.n_ctx - args.max_tokens - 32]
+        runs = methods_for(ids)
+        names = list(runs)
+        names = names[i % len(names):] + names[: i % len(names)]  # rotate the order per prompt
+        for name in names:
+            t = time.perf_counter()
+            out = runs[name]()
+            dt = time.perf_counter() - t
+            tokens, stats = out if isinstance(out, tuple) else (out, None)
+            rec = {"prompt": i, "category": cat, "method": name, "prompt_tokens": len(ids), "new_tokens": len(tokens),
+                   "seconds": dt, "token_ids": tokens}
+            if stats is not None:
+                rec.update(target_calls=stats.target_calls, proposed=stats.proposed, accepted=stats.accepted,
+                           mean_accepted_length=stats.mean_accepted_length)
+            records.append(rec)
+            print(f"[{i + 1}/{len(prompts)}] {cat:<15} {name:<28} {len(tokens):4d} tok {dt:7.1f} s "
+                  f"{len(tokens) / dt:6.2f} tok/s", file=sys.stderr, flush=True)
+    return {"config": {k: v for k, v in vars(args).items() if k != "func"}, "records": records}
+
+
+def summarize(records: list[dict]) -> str:
+    """Markdown table: tokens/s per category and method (sum of tokens / sum of seconds), speed-up over
+    ``hf_plain``, the two goal ratios, mean accepted length, and greedy agreement with ``hf_plain``."""
+    by = defaultdict(lambda: [0, 0.0, 0, 0])  # tokens, seconds, committed-by-target-calls sum, calls
+    plain = {r["prompt"]: r["token_ids"] for r in records if r["method"] == "hf_plain"}
+    same = defaultdict(list)
+    for r in records:
+        for key in ((r["category"], r["method"]), ("all", r["method"])):
+            by[key][0] += r["new_tokens"]
+            by[key][1] += r["seconds"]
+            by[key][2] += r.get("target_calls", 0)
+        same[r["method"]].append(r["token_ids"] == plain.get(r["prompt"]))
+    cats = sorted({c for c, _ in by if c != "all"}) + ["all"]
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    tps = {k: v[0] / v[1] for k, v in by.items() if v[1] > 0}
+    lines = ["| category | " + " | ".join(methods) + " | draft / assisted | ngram / lookup |",
+             "|---" * (len(methods) + 3) + "|"]
+    for c in cats:
+        cells = [f"{tps[(c, m)]:.2f} ({tps[(c, m)] / tps[(c, 'hf_plain')]:.2f}x)" for m in methods]
+        ratio_d = tps.get((c, "specdec_draft"), float("nan")) / tps[(c, "hf_assisted")]
+        ratio_n = tps.get((c, "specdec_ngram"), float("nan")) / tps[(c, "hf_lookup")]
+        lines.append(f"| {c} | " + " | ".join(cells) + f" | {ratio_d:.2f} | {ratio_n:.2f} |")
+    lines.append("")
+    lines.append("tokens/s (speed-up over hf_plain), prefill included. Identical to hf_plain's greedy output: "
+                 + ", ".join(f"{m} {sum(s)}/{len(s)}" for m, s in same.items()))
+    mal = [f"{m} {by[('all', m)][0] / max(1, by[('all', m)][2]):.2f}" for m in methods if by[("all", m)][2]]
+    lines.append("tokens per target call (new tokens / target calls): " + ", ".join(mal))
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of this benchmark (for ``python -m specdec.bench.hf_peer`` or a ``specdec bench`` subcommand)."""
+    p.add_argument("--target", help="target: known name, GGUF, HF folder or hub name (default: the default target)")
+    p.add_argument("--draft", help="draft model, likewise (default: the default draft)")
+    p.add_argument("--questions", default=str(SPEC_BENCH), help="Spec-Bench question.jsonl")
+    p.add_argument("--per-category", type=int, default=5, help="prompts per Spec-Bench category (default 5)")
+    p.add_argument("--max-tokens", type=int, default=128, help="new tokens per generation (default 128)")
+    p.add_argument("-k", type=int, default=4, help="specdec draft/ngram tokens per step (default 4)")
+    p.add_argument("--spec", action="append", default=[],
+                   help="extra specdec config, e.g. auto or draft:k=8,draft_p_min=0.4 (repeatable)")
+    p.add_argument("--lookup", type=int, default=10, help="prompt_lookup_num_tokens of hf_lookup (default 10)")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default float32)")
+    p.add_argument("--n-ctx", type=int, default=4096, help="context window (default 4096)")
+    p.add_argument("--out", help="write the records and the table as JSON here")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; prints the Markdown table on stdout."""
+    p = argparse.ArgumentParser(prog="python -m specdec.bench.hf_peer", description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        result = run_bench(args)
+    except ValueError as e:
+        print(f"specdec: error: {e}", file=sys.stderr)
+        return 2
+    table = summarize(result["records"])
+    print(table)
+    if args.out:
+        result["table"] = table
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""Hybrid proposer: n-gram prompt lookup first (free), the draft model only when the lookup has no good
+match; registered as ``hybrid`` (choices by acceptance statistics alone) and ``auto`` (choices by the
+cost model of :mod:`specdec.adaptive`, plain steps included).
+
+Per step: the suffix of the context is looked up in an incremental n-gram index (newest earlier
+occurrence, longest suffix first, as :mod:`specdec.proposers.ngram` does), and the acceptance of the
+kind of proposal at hand is estimated per draft position: ``ngramN`` for an N-token suffix match (how
+long matches of this kind have run), ``draft`` for the draft model.
+
+- ``hybrid``: the n-gram continuation when its first-position acceptance estimate is at least 1/2,
+  else the draft model; k = the number of leading positions whose estimate is at least 1/2 (at least 1).
+- ``auto``: the option (plain step, n-gram with k, draft with k) of highest predicted tokens per second,
+  with probes after runs of plain steps (:class:`~specdec.adaptive.ProbeSchedule`).
+
+The draft model is prefilled lazily, the first time it drafts, so a request that never needs it never
+pays its prefill. This module knows token ids and proposers; it never sees the target's logits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Sequence
+
+import numpy as np
+
+from specdec.adaptive import AcceptanceStats, Choice, CostModel, PredictionLog, ProbeSchedule, expected_tokens
+from specdec.backends.base import Backend
+from specdec.proposers.base import EMPTY_PROPOSAL, PROPOSERS, Proposal, register
+from specdec.proposers.draft_model import DraftModelProposer
+from specdec.types import SamplingParams
+
+RULE_THRESHOLD = 0.5
+"""``hybrid`` drafts while the estimated acceptance of the next position is at least this."""
+
+
+class NgramIndex:
+    """The newest earlier occurrence of every n-gram (``n_min <= n <= n_max``) of a growing sequence.
+
+    Updating costs O(new tokens * n_max) and a lookup O(n_max), instead of a scan of the whole context.
+
+    Args:
+        n_min: Shortest suffix matched.
+        n_max: Longest suffix matched (tried first).
+    """
+
+    def __init__(self, n_min: int = 1, n_max: int = 3):
+        self.n_min, self.n_max = n_min, n_max
+        self.tokens: list[int] = []
+        self._end: list[dict[tuple, int]] = [{} for _ in range(n_max + 1)]  # n -> n-gram -> end index
+
+    def sync(self, context: Sequence[int]) -> None:
+        """Bring the index up to ``context``: append its new tokens (rebuild if it is not an extension)."""
+        old = len(self.tokens)
+        if old > len(context) or (old and context[old - 1] != self.tokens[-1]):
+            self.tokens, self._end, old = [], [{} for _ in range(self.n_max + 1)], 0
+        self.tokens.extend(context[old:])
+        toks = self.tokens
+        # an occurrence ending at e (exclusive) is usable once toks[e] exists: e <= len - 1
+        for e in range(max(old, 1), len(toks)):
+            for n in range(self.n_min, min(self.n_max, e) + 1):
+                self._end[n][tuple(toks[e - n : e])] = e
+
+    def lookup(self, k: int) -> tuple[list[int], int]:
+        """Up to ``k`` tokens that followed the newest earlier occurrence of the longest matching suffix.
+
+        Returns:
+            ``(tokens, n)``: the continuation and the matched suffix length; ``([], 0)`` for no match.
+        """
+        toks, size = self.tokens, len(self.tokens)
+        for n in range(min(self.n_max, size - 1), self.n_min - 1, -1):
+            e = self._end[n].get(tuple(toks[size - n :]))
+            if e is not None:
+                return toks[e : e + k], n
+        return [], 0
+
+
+def _leading(accept: np.ndarray, threshold: float) -> int:
+    """Number of leading entries of ``accept`` (``[K] float64``) at or above ``threshold``."""
+    below = np.flatnonzero(accept < threshold)
+    return int(below[0]) if len(below) else len(accept)
+
+
+@register("hybrid")
+class HybridProposer:
+    """N-gram lookup first, the draft model otherwise; see the module docstring.
+
+    Args:
+        draft: The draft model's backend, or None (n-gram only).
+        vocab_size: Rows of the target's vocabulary (see :class:`DraftModelProposer`).
+        ngram_max: Longest suffix n-gram matched.
+        ngram_min: Shortest suffix n-gram matched.
+        cost_model: The engine's :class:`~specdec.adaptive.CostModel` (timings and pooled acceptance).
+        adaptive: True for ``auto`` (choose by the cost model), False for ``hybrid`` (by acceptance).
+        p_min: Draft early stop: stop drafting when the draft's top probability is below this.
+    """
+
+    def __init__(self, draft: Backend | None = None, vocab_size: int | None = None, ngram_max: int = 3,
+                 ngram_min: int = 1, cost_model: CostModel | None = None, adaptive: bool = False,
+                 p_min: float = 0.0, **_: object):
+        self.index = NgramIndex(ngram_min, ngram_max)
+        self.draft = DraftModelProposer(draft, vocab_size, p_min=p_min, lazy_prefill=True) if draft is not None else None
+        self.cost = cost_model if cost_model is not None else CostModel()
+        self.adaptive = adaptive
+        self.probe = ProbeSchedule()
+        self.log = PredictionLog()
+        self._stats: dict[str, AcceptanceStats] = {}
+        self._last: str | None = None  # kind of the pending proposal
+        self._draft_len = 0  # tokens of the context the draft's cache holds (after the next rollback)
+        self._draft_base = 0  # context length when the draft last drafted
+
+    def stats(self, kind: str) -> AcceptanceStats:
+        """This request's acceptance statistics of one kind (``draft``, ``ngramN``)."""
+        if kind not in self._stats:
+            self._stats[kind] = self.cost.stats(kind)
+        return self._stats[kind]
+
+    def prepare(self, context: Sequence[int]) -> None:
+        """Index the prompt; the draft model is prefilled lazily when it first drafts."""
+        self.index.sync(context)
+        if self.draft is not None:
+            self.draft.prepare(context)
+
+    def propose(
+        self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
+    ) -> Proposal:
+        """Draft up to ``k`` tokens from the n-gram index or the draft model (possibly none)."""
+        self._last = None
+        if k <= 0:
+            return EMPTY_PROPOSAL
+        self.index.sync(context)
+        match, order = self.index.lookup(k)
+        catchup = len(context) - self._draft_len
+        choice = (self._choose_auto if self.adaptive else self._choose_rule)(match, order, k, catchup, params.greedy)
+        self._log(choice, order, catchup, params.greedy)
+        if choice.source == "ngram":
+            self._last = f"ngram{order}"
+            return Proposal(tokens=match[: choice.k])
+        if choice.source == "draft":
+            assert self.draft is not None
+            t0 = time.perf_counter()
+            prop = self.draft.propose(context, choice.k, params, rng)
+            evals = min(choice.k, len(prop.tokens) + 1)  # an early stop evaluated one more position
+            self.cost.observe_draft(evals, catchup, time.perf_counter() - t0)
+            self._draft_base = len(context)
+            self._draft_len = len(self.draft.cache.tokens)
+            self._last = "draft" if prop.tokens else None
+            return prop
+        return EMPTY_PROPOSAL
+
+    # -- the two policies -----------------------------------------------------------------------
+    def _choose_rule(self, match: list[int], order: int, k: int, catchup: int, greedy: bool) -> Choice:
+        if match:
+            accept = self.stats(f"ngram{order}").conditional(len(match))
+            if accept[0] >= RULE_THRESHOLD or self.draft is None:
+                return Choice("ngram", max(1, _leading(accept, RULE_THRESHOLD)), math.nan, math.nan)
+        if self.draft is not None:
+            accept = self.stats("draft").conditional(k)
+            return Choice("draft", max(1, _leading(accept, RULE_THRESHOLD)), math.nan, math.nan)
+        return Choice(None, 0, 1.0, math.nan)
+
+    def _choose_auto(self, match: list[int], order: int, k: int, catchup: int, greedy: bool) -> Choice:
+        cm = self.cost
+        plain = cm.plain(greedy)
+        if math.isnan(plain.seconds):  # measure S(1) first
+            return plain
+        options: list[Choice] = []
+        if match:
+            c = cm.best_k(self.stats(f"ngram{order}").conditional(len(match)), lambda j: 0.0, greedy)
+            if c is not None:
+                options.append(dataclasses.replace(c, source="ngram"))
+        if self.draft is not None:
+            cost = lambda j: cm.draft_seconds(j, catchup, greedy)  # noqa: E731
+            c = cm.best_k(self.stats("draft").conditional(k), cost, greedy)
+            ub = cm.best_k(np.ones(k), cost, greedy)  # perfect acceptance: could the draft ever pay?
+            if c is not None and ub is not None and ub.rate > plain.rate:
+                options.append(dataclasses.replace(c, source="draft"))
+        best = max(options, key=lambda c: c.rate, default=None)
+        if best is not None and best.rate > plain.rate:
+            self.probe.speculating()
+            return best
+        if best is not None and self.probe.should_probe():
+            return dataclasses.replace(best, probe=True)
+        return plain
+
+    def _log(self, choice: Choice, order: int, catchup: int, greedy: bool) -> None:
+        """Add the step's prediction (non-optimistic sizes) to the request's log."""
+        cm, kind = self.cost, None
+        if choice.source is not None and choice.k:
+            kind = "draft" if choice.source == "draft" else f"ngram{order}"
+        tokens = float(expected_tokens(self.stats(kind).conditional(choice.k))[-1]) if kind else 1.0
+        prop = cm.draft_seconds(choice.k, catchup, greedy) if choice.source == "draft" else 0.0
+        seconds = prop + cm.step_seconds(choice.k + 1, greedy)
+        self.log.add(Choice(choice.source, choice.k, tokens, seconds, choice.probe), cm.step_seconds(1, greedy))
+
+    # -- feedback -------------------------------------------------------------------------------
+    def observe(self, context: Sequence[int], num_proposed: int, num_accepted: int) -> None:
+        """Update the acceptance statistics of the kind just verified and the draft's sync point."""
+        if self._last is None:
+            return
+        self.stats(self._last).observe(num_proposed, num_accepted)
+        if self._last == "draft":
+            self._draft_len = min(self._draft_len, self._draft_base + num_accepted)
+        self._last = None
+
+    def report(self) -> dict:
+        """Predicted speed-up and the choices taken (see :class:`~specdec.adaptive.PredictionLog`)."""
+        return self.log.report()
+
+    def close(self) -> None:
+        """Free the draft sequence."""
+        if self.draft is not None:
+            self.draft.close()
+
+
+PROPOSERS["auto"] = lambda **kw: HybridProposer(**{**kw, "adaptive": True})

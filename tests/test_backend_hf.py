@@ -1,0 +1,338 @@
+"""The Hugging Face transformers backend on tiny random-weight Qwen2 models built by the tests (no download):
+KV-cache bookkeeping and rollback, tokenizer bytes, chat template, loading (folders, GGUF through
+transformers' loader with its dequantized cache, hub names offline), the padded-vocabulary rule, and the
+engine on top: greedy speculative output equals greedy plain output, self-speculation accepts >= 99%."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+from tiny_hf import tiny_qwen2, tiny_tokenizer  # noqa: E402
+
+from specdec.backends.base import BackendError  # noqa: E402
+from specdec.backends.hf import HFBackend  # noqa: E402
+from specdec.backends.hf_loading import parse_device, parse_dtype, resolve_checkpoint  # noqa: E402
+from specdec.engine import Engine  # noqa: E402
+from specdec.types import SamplingParams, SpecConfig  # noqa: E402
+
+PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
+GREEDY = SamplingParams(temperature=0.0, max_tokens=40)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+# -- backend ---------------------------------------------------------------------------------------
+
+
+def test_batched_eval_matches_one_token_eval_and_rollback(hf_tiny_target):
+    b = hf_tiny_target
+    ids = b.tokenize(PROMPT)
+    seq = b.new_sequence()
+    full = b.eval({seq: (ids, len(ids))})[seq]
+    assert full.shape == (len(ids), b.n_vocab) and full.dtype == np.float32
+    b.truncate(seq, 0)
+    one = np.concatenate([b.eval({seq: ([t], 1)})[seq] for t in ids])
+    np.testing.assert_allclose(one, full, atol=1e-4)
+    # roll back 7 positions, feed different tokens, then the original ones again
+    b.truncate(seq, len(ids) - 7)
+    assert b.length(seq) == len(ids) - 7
+    b.eval({seq: ([5, 6, 7], 1)})
+    b.truncate(seq, len(ids) - 7)
+    again = b.eval({seq: (ids[-7:], 3)})[seq]
+    np.testing.assert_allclose(again, full[-3:], atol=1e-4)
+    assert b.eval({seq: ([1, 2], 0)})[seq].shape == (0, b.n_vocab)
+    assert b.length(seq) == len(ids) + 2
+
+
+def test_sequences_are_independent(hf_tiny_target):
+    b = hf_tiny_target
+    x, y = b.tokenize("hello there"), b.tokenize("an other sequence entirely")
+    s1, s2 = b.new_sequence(), b.new_sequence()
+    alone = b.eval({s1: (x, 2)})[s1]
+    b.free_sequence(s1)
+    s1 = b.new_sequence()
+    out = b.eval({s1: (x, 2), s2: (y, 1)})
+    np.testing.assert_allclose(out[s1], alone, atol=1e-5)
+    b.truncate(s2, 1)
+    b.eval({s2: (y[1:3], 1)})
+    np.testing.assert_allclose(b.eval({s1: ([9], 1)})[s1], _score(b, x + [9]), atol=1e-4)
+    np.testing.assert_allclose(b.eval({s2: (y[3:], 1)})[s2], _score(b, y), atol=1e-4)
+
+
+def _score(b: HFBackend, tokens: list[int]) -> np.ndarray:
+    seq = b.new_sequence()
+    try:
+        return b.eval({seq: (tokens, 1)})[seq]
+    finally:
+        b.free_sequence(seq)
+
+
+def test_context_overflow_and_bad_ids(hf_tiny_target):
+    b = hf_tiny_target
+    seq = b.new_sequence()
+    with pytest.raises(BackendError, match="over the context"):
+        b.eval({seq: ([1] * (b.n_ctx + 1), 1)})
+    assert b.length(seq) == 0
+    with pytest.raises(ValueError, match="token ids"):
+        b.eval({seq: ([1, b.n_vocab], 1)})
+    with pytest.raises(KeyError):
+        b.eval({99: ([1], 1)})
+    others = [b.new_sequence() for _ in range(b.n_seq_max - 1)]
+    with pytest.raises(BackendError, match="in use"):
+        b.new_sequence()
+    for s in [seq, *others]:
+        b.free_sequence(s)
+
+
+def test_failed_forward_rolls_back(hf_tiny_target, monkeypatch):
+    b = hf_tiny_target
+    s1, s2 = b.new_sequence(), b.new_sequence()
+    b.eval({s1: ([1, 2, 3], 1), s2: ([4, 5], 1)})
+    real_forward = b._forward
+
+    def failing(seq_id, tokens, n_logits):
+        if seq_id == s2:
+            raise RuntimeError("simulated out of memory")
+        return real_forward(seq_id, tokens, n_logits)
+
+    monkeypatch.setattr(b, "_forward", failing)
+    with pytest.raises(BackendError, match="simulated"):
+        b.eval({s1: ([7, 8], 1), s2: ([9], 1)})
+    monkeypatch.undo()
+    assert b.length(s1) == 3  # the successful sequence was rolled back too
+    with pytest.raises(BackendError, match="lost its cache"):
+        b.eval({s2: ([9], 1)})
+    b.truncate(s2, 0)  # revives it
+    np.testing.assert_allclose(b.eval({s2: ([4, 5, 9], 1)})[s2], _score(b, [4, 5, 9]), atol=1e-5)
+    np.testing.assert_allclose(b.eval({s1: ([7], 1)})[s1], _score(b, [1, 2, 3, 7]), atol=1e-5)
+
+
+def test_tokenizer_bytes_roundtrip_and_specials(hf_tiny_target):
+    b = hf_tiny_target
+    text = "héllo → 世界, the cat sat.\n\tdone"
+    ids = b.tokenize(text)
+    assert b"".join(b.token_bytes(i) for i in ids) == text.encode("utf-8")
+    # a multi-byte character split over byte tokens: each token holds raw bytes, not replacement chars
+    assert any(len(b.token_bytes(i)) == 1 and b.token_bytes(i)[0] >= 0x80 for i in ids)
+    im_end = b.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert b.tokenize("<|im_end|>", special=True) == [im_end]
+    assert im_end not in b.tokenize("<|im_end|>")  # as plain text without special=True
+    assert b.token_bytes(im_end) == b""
+    assert b.eog_ids == {im_end, b.tokenizer.convert_tokens_to_ids("<|endoftext|>")}
+
+
+def test_chat_template(hf_tiny_target, tokenizer):
+    out = hf_tiny_target.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert out == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    tok = tiny_tokenizer()
+    tok.chat_template = None
+    bare = HFBackend(hf_tiny_target.model, tok, n_ctx=64, name="bare")
+    with pytest.raises(ValueError, match="no chat template"):
+        bare.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+# -- loading ---------------------------------------------------------------------------------------
+
+
+def test_local_folder_and_dtypes(tmp_path, hf_tiny_target):
+    folder = tmp_path / "tiny-folder"
+    hf_tiny_target.model.save_pretrained(folder)
+    hf_tiny_target.tokenizer.save_pretrained(folder)
+    ids = hf_tiny_target.tokenize(PROMPT)
+    ref = _score(hf_tiny_target, ids)
+    loaded = HFBackend.load(str(folder), progress=False)
+    assert loaded.name == "tiny-folder" and loaded.vocab_fingerprint() == hf_tiny_target.vocab_fingerprint()
+    np.testing.assert_allclose(_score(loaded, ids), ref, atol=1e-5)
+    half = HFBackend.load(str(folder), dtype="bfloat16", progress=False)
+    assert next(half.model.parameters()).dtype == torch.bfloat16
+    out = _score(half, ids)
+    assert out.dtype == np.float32 and np.abs(out - ref).max() < 0.5
+
+
+def test_bad_device_dtype_and_unreachable_hub(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="dtype"):
+        parse_dtype("float8")
+    with pytest.raises(ValueError, match="device"):
+        parse_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            parse_device("cuda")
+    else:  # pragma: no cover - GPU machines
+        assert parse_device("cuda").type == "cuda"
+    assert resolve_checkpoint("some-org/some-model") == ("some-org/some-model", "some-model")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read at import: patch the flag
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    with pytest.raises(ValueError, match="cannot load Hugging Face model 'some-org/some-model'"):
+        HFBackend.load("some-org/some-model", progress=False)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="cannot load"):
+        HFBackend.load(str(empty), progress=False)
+
+
+def test_gguf_through_transformers_matches_llama_cpp(tmp_path, monkeypatch, tiny_target, tiny_target_path):
+    """The tiny GGUF loaded by transformers' GGUF loader (dequantized, cached as safetensors) gives the
+    llama.cpp backend's logits, tokens and bytes; the second load reads the cache."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    hf = HFBackend.load(str(tiny_target_path), progress=False)
+    folders = list((tmp_path / "cache" / "hf").iterdir())
+    assert len(folders) == 1 and (folders[0] / "model.safetensors").is_file()
+    text = "The quick brown fox jumps over the lazy dog. héllo 世界"
+    ids = tiny_target.tokenize(text)
+    assert hf.tokenize(text) == ids
+    assert all(hf.token_bytes(i) == tiny_target.token_bytes(i) for i in range(tiny_target.n_vocab))
+    assert hf.vocab_fingerprint()[0] == tiny_target.vocab_fingerprint()[0]
+    seq = tiny_target.new_sequence()
+    ref = tiny_target.eval({seq: (ids, len(ids))})[seq]
+    np.testing.assert_allclose(_score_all(hf, ids), ref, atol=1e-3)
+    mtime = (folders[0] / "model.safetensors").stat().st_mtime_ns
+    again = HFBackend.load(str(tiny_target_path), progress=False)
+    assert (folders[0] / "model.safetensors").stat().st_mtime_ns == mtime
+    np.testing.assert_allclose(_score_all(again, ids), ref, atol=1e-3)
+
+
+def _score_all(b: HFBackend, tokens: list[int]) -> np.ndarray:
+    seq = b.new_sequence()
+    try:
+        return b.eval({seq: (tokens, len(tokens))})[seq]
+    finally:
+        b.free_sequence(seq)
+
+
+# -- engine on the backend -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method,k", [("draft", 1), ("draft", 3), ("draft", 5), ("ngram", 4)])
+def test_greedy_speculative_equals_plain(hf_tiny_target, hf_tiny_draft, method, k):
+    engine = Engine(hf_tiny_target, hf_tiny_draft, SpecConfig(method="draft"))
+    plain = engine.generate(PROMPT, GREEDY, SpecConfig(method="none"))
+    assert len(plain.token_ids) >= 12, "the tiny model should not stop at once"
+    spec = engine.generate(PROMPT, GREEDY, SpecConfig(method=method, num_speculative_tokens=k))
+    assert spec.token_ids == plain.token_ids and spec.text == plain.text
+    assert spec.stats.proposed > 0
+    if method == "draft":  # the noisy-copy draft is right about half the time; n-gram lookup seldom is here
+        assert spec.stats.accepted > 0 and spec.stats.target_calls < plain.stats.target_calls
+
+
+PROMPTS = (PROMPT, "Once upon a time, in a land far away,", "def merge(a, b):\n    out = []", "1, 2, 3, 4, 5,")
+
+
+def _self_speculation(backend, params, k):
+    engine = Engine(backend, backend, SpecConfig(method="draft", num_speculative_tokens=k))
+    proposed = accepted = 0
+    for i, prompt in enumerate(PROMPTS):
+        stats = engine.generate(prompt, params.replace(seed=i)).stats
+        proposed += stats.proposed
+        accepted += stats.accepted
+    return proposed, accepted
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 7])
+def test_self_speculation_accepts_nearly_all(hf_tiny_target, k):
+    proposed, accepted = _self_speculation(hf_tiny_target, SamplingParams(max_tokens=40), k)
+    assert proposed >= 30
+    assert accepted / proposed >= 0.99, (accepted, proposed)
+
+
+def test_sampling_with_self_speculation_accepts_nearly_all(hf_tiny_target):
+    # p == q up to float rounding, so min(1, p/q) is ~1 at every draft
+    proposed, accepted = _self_speculation(hf_tiny_target, SamplingParams(temperature=1.0, max_tokens=40), 4)
+    assert proposed >= 30 and accepted / proposed >= 0.99, (accepted, proposed)
+
+
+# -- vocabularies ----------------------------------------------------------------------------------
+
+
+def test_padded_vocabularies_are_sliced_never_emitted(tokenizer):
+    """Target with 37 padding rows, draft with 17, both made to out-score real tokens often: the pair is
+    accepted, and neither greedy nor sampled output ever holds a padded id."""
+    target = HFBackend(tiny_qwen2(0, n_padding=37, padding_bait=True), tokenizer, n_ctx=256, name="padded-target",
+                       n_threads=1)
+    draft = HFBackend(tiny_qwen2(1, n_layer=1, n_padding=17, padding_bait=True), tokenizer, n_ctx=256,
+                      name="padded-draft")
+    n_real = len(tokenizer)
+    assert (target.n_vocab, draft.n_vocab) == (n_real + 37, n_real + 17)
+    assert target.vocab_fingerprint() == draft.vocab_fingerprint() and target.vocab_fingerprint()[0] == n_real
+    engine = Engine(target, draft, SpecConfig(method="draft", num_speculative_tokens=3))
+    assert engine.vocab_size == n_real
+    ids = target.tokenize(PROMPT)
+    raw = _score_all(target, ids)
+    assert (raw.argmax(axis=1) >= n_real).mean() > 0.2, "bait rows should win the raw argmax often"
+    plain = engine.generate(PROMPT, GREEDY, SpecConfig(method="none"))
+    spec = engine.generate(PROMPT, GREEDY)
+    assert spec.token_ids == plain.token_ids
+    assert plain.token_ids[0] == int(raw[-1, :n_real].argmax())
+    for seed in range(3):
+        res = engine.generate(PROMPT, SamplingParams(temperature=1.0, max_tokens=30, seed=seed))
+        assert res.stats.proposed > 0
+        assert max(res.token_ids) < n_real
+
+
+def test_different_vocabulary_is_refused(hf_tiny_target):
+    other_tok = tiny_tokenizer(extra_vocab=5)
+    other = HFBackend(tiny_qwen2(1, n_layer=1, extra_vocab=5), other_tok, n_ctx=64, name="other")
+    assert other.n_vocab == hf_tiny_target.n_vocab + 5
+    with pytest.raises(ValueError, match="different vocabularies"):
+        Engine(hf_tiny_target, other, SpecConfig(method="draft"))
+
+
+# -- the default pair through transformers ---------------------------------------------------------
+
+
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("SPECDEC_SLOW") != "1", reason="set SPECDEC_SLOW=1 (dequantizes ~2 GB once)")
+def test_default_pair_through_transformers():
+    """The default GGUF pair through transformers' GGUF loader (dequantized once into the cache), float32:
+    speculative greedy output equals plain greedy output, and the Coder pair agrees a lot."""
+    from specdec.api import load_engine
+
+    engine = load_engine(backend="hf", spec=SpecConfig(method="draft", num_speculative_tokens=4), n_ctx=1024,
+                         n_threads=2, progress=False)
+    assert engine.target.vocab_fingerprint() == engine.draft.vocab_fingerprint()
+    assert engine.vocab_size == 151_665
+    prompt = "Write a Python function that returns the n-th Fibonacci number."
+    params = SamplingParams(max_tokens=32)
+    plain = engine.generate(prompt, params, SpecConfig(method="none"), chat=True)
+    spec = engine.generate(prompt, params, chat=True)
+    assert "def" in plain.text
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.acceptance_rate > 0.5
+
+
+# -- command line ----------------------------------------------------------------------------------
+
+
+def test_cli_generate_with_hf_backend(tmp_path, hf_tiny_target, hf_tiny_draft, capsys):
+    from specdec.cli import main
+
+    for name, backend in (("target", hf_tiny_target), ("draft", hf_tiny_draft)):
+        backend.model.save_pretrained(tmp_path / name)
+        backend.tokenizer.save_pretrained(tmp_path / name)
+    args = ["generate", "The quick brown fox", "--backend", "hf", "--target", str(tmp_path / "target"),
+            "--draft", str(tmp_path / "draft"), "--max-tokens", "8", "--n-ctx", "256", "--threads", "1", "--json"]
+    assert main(args) == 0
+    out = capsys.readouterr()
+    import json
+
+    res = json.loads(out.out)
+    assert len(res["token_ids"]) >= 1 and res["stats"]["proposed"] > 0
+    engine = Engine(hf_tiny_target, hf_tiny_draft)
+    assert res["token_ids"] == engine.generate("The quick brown fox", SamplingParams(max_tokens=8), chat=True).token_ids
+    if not torch.cuda.is_available():
+        assert main(args + ["--device", "cuda"]) != 0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("specdec: error: ") and "no CUDA device" in err[0]
+    assert main(args[:2] + ["--dtype", "bfloat16"]) != 0
+    assert "apply to --backend hf" in capsys.readouterr().err
