@@ -7,9 +7,10 @@ joint distribution is compared with the EXACT one, computed from the target alon
 step), so ``depth = 3`` covers the first two tokens of the first speculative block.
 
 Cells: the prefix tree is expanded only where a prefix's expected count ``N * P`` reaches
-``min_expected`` (one target call per expanded prefix); children below it are pooled per parent, and
-pools below it into one "rest" cell, so every cell has a usable expected count (Cochran's rule for
-Pearson's chi-square). End of generation is one terminal symbol.
+``min_expected`` (one target call per expanded prefix); smaller prefixes are pooled by position and
+kind (end of generation / repeat / new token), and pools still below it into one "rest" cell, so every
+cell has a usable expected count (Cochran's rule for Pearson's chi-square). End of generation is one
+terminal symbol.
 
 Numerics: llama.cpp's batched kernels give slightly different logits for different batch shapes, so
 each exact row is computed in a batch of the same shape as the engine's verification step
@@ -34,11 +35,18 @@ from specdec.types import SamplingParams, SpecConfig
 EOG = -1
 """The terminal symbol standing for any end-of-generation token."""
 
-OTHER = -2
-"""Child key of a parent's pooled cell (its children whose expected count is too small)."""
+POOLS = ("end", "repeat", "new")
+"""Kinds of pooled cells: the token at that position ends generation, repeats a token generated
+earlier in the sequence, or is new. Pooling by kind keeps the test sensitive to the two effects that
+history-dependent processing has (min_tokens moves end-of-generation; penalties move repeats)."""
 
 NextDist = Callable[[tuple[int, ...]], np.ndarray]
 """``prefix -> [V] float64``: the processed target distribution of the token after prompt + prefix."""
+
+
+def _pool(node: tuple[int, ...], tok: int) -> tuple:
+    kind = "end" if tok == EOG else "repeat" if tok in node else "new"
+    return ("pool", len(node) + 1, kind)
 
 
 @dataclass
@@ -47,16 +55,17 @@ class CellTable:
 
     Attributes:
         probs: ``[C] float64`` cell probabilities, summing to 1.
-        labels: ``[C]`` token-id tuples naming each cell (``EOG``/``OTHER`` symbols; ``()`` = rest).
+        labels: ``[C]`` cell names: a token-id tuple (``EOG`` for the end), ``("pool", position,
+            kind)``, or ``("rest",)``.
         depth: Tokens per sequence.
         n_evals: Target distributions computed (expanded prefixes).
     """
 
     probs: np.ndarray
-    labels: list[tuple[int, ...]]
+    labels: list[tuple]
     depth: int
     n_evals: int
-    _leaf: dict[tuple[int, ...], int]
+    _index: dict[tuple, int]
     _inner: set[tuple[int, ...]]
 
     def cell_of(self, seq: Sequence[int]) -> int:
@@ -64,17 +73,22 @@ class CellTable:
         node: tuple[int, ...] = ()
         for tok in seq:
             child = node + (int(tok),)
-            if child in self._leaf:
-                return self._leaf[child]
+            if child in self._index:
+                return self._index[child]
             if child not in self._inner:
-                break
+                return self._index[_pool(node, int(tok))]
             node = child
-        return self._leaf[node + (OTHER,)]
+        raise AssertionError(f"sequence {seq} is shorter than depth {self.depth} and does not end")
 
 
 def exact_cells(next_dist: NextDist, depth: int, n_samples: int, eog_ids: Iterable[int],
                 min_expected: float = 5.0) -> CellTable:
     """Expand the prefix tree of the first ``depth`` tokens and pool small cells.
+
+    A prefix whose expected count ``n_samples * P`` reaches ``min_expected`` gets its own cell (a
+    complete sequence) or is expanded (one ``next_dist`` call); the others are pooled by position and
+    kind (:data:`POOLS`), and pools still below ``min_expected`` form one "rest" cell (folded into the
+    smallest cell when even that is too small).
 
     Args:
         next_dist: Exact next-token distribution of a prefix (generated tokens only).
@@ -88,7 +102,7 @@ def exact_cells(next_dist: NextDist, depth: int, n_samples: int, eog_ids: Iterab
     """
     eog = np.array(sorted(eog_ids), dtype=np.int64)
     thr = min_expected / n_samples
-    cells: dict[tuple[int, ...], float] = {}
+    cells: dict[tuple, float] = {("pool", d, kind): 0.0 for d in range(1, depth + 1) for kind in POOLS}
     inner: set[tuple[int, ...]] = set()
     n_evals = 0
     stack: list[tuple[tuple[int, ...], float]] = [((), 1.0)]
@@ -98,37 +112,31 @@ def exact_cells(next_dist: NextDist, depth: int, n_samples: int, eog_ids: Iterab
         n_evals += 1
         p_eog = float(dist[eog].sum()) if len(eog) else 0.0
         dist[eog] = 0.0
-        pooled = 0.0
-        children = [(EOG, p_eog)] + [(int(t), float(dist[t])) for t in np.flatnonzero(dist)]
-        for tok, p in children:
+        for tok, p in [(EOG, p_eog)] + [(int(t), float(dist[t])) for t in np.flatnonzero(dist)]:
             m = mass * p
             if m <= 0:
                 continue
             if m < thr:
-                pooled += m
+                cells[_pool(node, tok)] += m
             elif tok == EOG or len(node) + 1 == depth:
                 cells[node + (tok,)] = m
             else:
                 inner.add(node + (tok,))
                 stack.append((node + (tok,), m))
-        cells[node + (OTHER,)] = pooled
-    # pools and leaves too small for a cell of their own go to one "rest" cell
     labels = [key for key, m in cells.items() if m >= thr]
-    rest = sum(m for m in cells.values() if m < thr)
     probs = [cells[key] for key in labels]
-    leaf = {key: i for i, key in enumerate(labels)}
+    rest = sum(m for m in cells.values() if m < thr)
     rest_index = len(labels)
     if rest >= thr or not labels:
-        labels.append(())
+        labels.append(("rest",))
         probs.append(rest)
-    else:  # too small even pooled: fold into the smallest cell
+    else:
         rest_index = int(np.argmin(probs))
         probs[rest_index] += rest
-    for key, m in cells.items():
-        if m < thr:
-            leaf[key] = rest_index
+    index = {key: i for i, key in enumerate(labels) if key != ("rest",)}
+    index.update({key: rest_index for key, m in cells.items() if m < thr})
     p = np.array(probs)
-    return CellTable(probs=p / p.sum(), labels=labels, depth=depth, n_evals=n_evals, _leaf=leaf, _inner=inner)
+    return CellTable(probs=p / p.sum(), labels=labels, depth=depth, n_evals=n_evals, _index=index, _inner=inner)
 
 
 @dataclass(frozen=True)

@@ -180,7 +180,8 @@ def test_non_streaming_disconnect_cancels(engine, slow_steps):
     with LiveServer(engine, max_running=1, max_waiting=4) as srv, no_leaked_sequences(engine):
         body = {"prompt": LONG, "max_tokens": 400, "temperature": 0, "speculative": {"method": "none"}}
         with httpx.stream("POST", f"{srv.url}/completions", json={**body, "stream": True}, timeout=60) as r:
-            next(r.iter_lines())
+            lines = r.iter_lines()  # keep a reference: a collected iterator closes the response
+            next(lines)
             with pytest.raises(httpx.ReadTimeout):
                 httpx.post(f"{srv.url}/completions", json=body, timeout=httpx.Timeout(60, read=0.5))
             wait_until(lambda: srv.metric("specdec_requests_total", finish_reason="cancelled") == 1,
@@ -195,7 +196,8 @@ def test_queue_full_gives_429_and_recovers(engine, slow_steps):
     with LiveServer(engine, max_running=1, max_waiting=0) as srv:
         body = {"prompt": LONG, "max_tokens": 300, "temperature": 0, "stream": True}
         with httpx.stream("POST", f"{srv.url}/completions", json=body, timeout=60) as r:
-            next(r.iter_lines())
+            lines = r.iter_lines()  # keep a reference: a collected iterator closes the response
+            next(lines)
             busy = httpx.post(f"{srv.url}/completions", json={**body, "stream": False}, timeout=60)
         assert busy.status_code == 429 and busy.json()["error"]["code"] == "queue_full"
         wait_until(lambda: srv.metric("specdec_num_requests_running") == 0, what="slot freed")

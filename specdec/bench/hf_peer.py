@@ -122,11 +122,12 @@ def run_bench(args: argparse.Namespace) -> dict:
     specs = [("specdec_none", SpecConfig(method="none")), ("specdec_draft", SpecConfig(method="draft", num_speculative_tokens=args.k)),
              ("specdec_ngram", SpecConfig(method="ngram", num_speculative_tokens=args.k))]
     specs += [parse_spec(s) for s in args.spec]
+    specs = [(label, spec) for label, spec in specs if label not in args.skip]
 
     def methods_for(ids_list: list[int]):
         ids = torch.tensor([ids_list], device=target.device)
         runs = {f"hf_{m}": _hf_runner(target.model, draft.model, ids, eos, pad, args.max_tokens, m, args.lookup)
-                for m in ("plain", "assisted", "lookup")}
+                for m in ("plain", "assisted", "lookup") if f"hf_{m}" not in args.skip}
         for label, spec in specs:
             def run(spec=spec):
                 res = engine.generate(ids_list, params, spec)
@@ -179,9 +180,10 @@ def summarize(records: list[dict]) -> str:
     lines = ["| category | " + " | ".join(methods) + " | draft / assisted | ngram / lookup |",
              "|---" * (len(methods) + 3) + "|"]
     for c in cats:
-        cells = [f"{tps[(c, m)]:.2f} ({tps[(c, m)] / tps[(c, 'hf_plain')]:.2f}x)" for m in methods]
-        ratio_d = tps.get((c, "specdec_draft"), float("nan")) / tps[(c, "hf_assisted")]
-        ratio_n = tps.get((c, "specdec_ngram"), float("nan")) / tps[(c, "hf_lookup")]
+        nan = float("nan")
+        cells = [f"{tps[(c, m)]:.2f} ({tps[(c, m)] / tps.get((c, 'hf_plain'), nan):.2f}x)" for m in methods]
+        ratio_d = tps.get((c, "specdec_draft"), nan) / tps.get((c, "hf_assisted"), nan)
+        ratio_n = tps.get((c, "specdec_ngram"), nan) / tps.get((c, "hf_lookup"), nan)
         lines.append(f"| {c} | " + " | ".join(cells) + f" | {ratio_d:.2f} | {ratio_n:.2f} |")
     lines.append("")
     lines.append("tokens/s (speed-up over hf_plain), prefill included. Identical to hf_plain's greedy output: "
@@ -201,6 +203,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-k", type=int, default=4, help="specdec draft/ngram tokens per step (default 4)")
     p.add_argument("--spec", action="append", default=[],
                    help="extra specdec config, e.g. auto or draft:k=8,draft_p_min=0.4 (repeatable)")
+    p.add_argument("--skip", action="append", default=[], help="leave out a method, e.g. specdec_none (repeatable)")
     p.add_argument("--lookup", type=int, default=10, help="prompt_lookup_num_tokens of hf_lookup (default 10)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")

@@ -14,7 +14,7 @@ import functools
 import typing
 from dataclasses import dataclass, fields
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from specdec.request import StreamChunk
 from specdec.scheduler import QueueFullError, SchedulerClosedError
@@ -49,7 +49,11 @@ class Limits:
 
 @functools.lru_cache(maxsize=None)
 def _adapter(name: str) -> TypeAdapter:
-    return TypeAdapter(typing.get_type_hints(SamplingParams)[name])
+    hint = typing.get_type_hints(SamplingParams)[name]
+    try:
+        return TypeAdapter(hint, config=ConfigDict(allow_inf_nan=False))
+    except Exception:  # pydantic refuses a config for some types (e.g. dataclasses); validate without
+        return TypeAdapter(hint)
 
 
 def sampling_kwargs(req: CompletionRequest | ChatCompletionRequest) -> dict:

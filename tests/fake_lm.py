@@ -1,0 +1,83 @@
+"""A table language model behind the Backend protocol, for fast statistical tests.
+
+``logits(context) = A[x_-1] + B[x_-2] + C[len(context) % 4]``: random ``[V, V]`` tables over a small
+vocabulary, so the next-token distribution depends on the context (two tokens and the position) and
+exact probabilities cost one table lookup. A draft is the same tables plus noise: it agrees with the
+target often but not always. It runs the engine's real code (requests, sampling state, proposers,
+verifiers, sequence caches) thousands of times per second; the llama.cpp backend itself is covered by
+the tiny-GGUF tests.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class TableLM:
+    """A fake backend.
+
+    Args:
+        vocab: ``V``; the last token is the end-of-generation token.
+        seed: Seed of the tables.
+        scale: Standard deviation of the logits.
+        noise: Relative standard deviation of noise added to the tables (a draft for the same seed).
+        noise_seed: Seed of that noise.
+        n_ctx: Context window per sequence.
+        n_seq_max: Sequences at once.
+    """
+
+    def __init__(self, vocab=40, seed=0, scale=2.0, noise=0.0, noise_seed=1, n_ctx=256, n_seq_max=64,
+                 name="table-lm"):
+        rng = np.random.default_rng(seed)
+        tables = rng.standard_normal((3, vocab, vocab)) * np.array([1.0, 0.6, 0.3])[:, None, None]
+        if noise:
+            tables = tables + noise * np.random.default_rng(noise_seed).standard_normal(tables.shape)
+        self.tables = (tables * scale / np.sqrt(1 + 0.36 + 0.09)).astype(np.float32)
+        self.n_vocab, self.n_ctx, self.n_seq_max, self.name = vocab, n_ctx, n_seq_max, name
+        self.eog_ids = frozenset({vocab - 1})
+        self._seqs: dict[int, list[int]] = {}
+        self.calls = 0
+
+    def logits_after(self, context) -> np.ndarray:
+        """``[V] float32`` logits of the token after ``context`` (at least one token)."""
+        a, b, c = self.tables
+        prev2 = context[-2] if len(context) > 1 else 0
+        return a[context[-1]] + b[prev2] + c[len(context) % 4]
+
+    @property
+    def sequences(self):
+        return tuple(self._seqs)
+
+    def new_sequence(self) -> int:
+        free = next(i for i in range(self.n_seq_max) if i not in self._seqs)
+        self._seqs[free] = []
+        return free
+
+    def free_sequence(self, seq_id: int) -> None:
+        self._seqs.pop(seq_id, None)
+
+    def truncate(self, seq_id: int, n_tokens: int) -> None:
+        del self._seqs[seq_id][n_tokens:]
+
+    def eval(self, batch):
+        self.calls += 1
+        out = {}
+        for seq_id, (tokens, n_logits) in batch.items():
+            seq = self._seqs[seq_id]
+            seq.extend(int(t) for t in tokens)
+            assert len(seq) <= self.n_ctx
+            n = len(seq)
+            out[seq_id] = np.stack([self.logits_after(seq[: n - n_logits + i + 1]) for i in range(n_logits)])
+        return out
+
+    def tokenize(self, text: str, special: bool = False) -> list[int]:
+        return [ord(ch) % (self.n_vocab - 1) for ch in text]
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return f"<{token_id}>".encode()
+
+    def apply_chat_template(self, messages) -> str:
+        raise ValueError("no chat template")
+
+    def vocab_fingerprint(self):
+        return self.n_vocab, "table-lm"
