@@ -98,13 +98,24 @@ class TimingTable:
         smallest, that size's time scaled by ``n / n_lo``; beyond the largest, with ``optimistic`` its
         time (a lower bound: a call never gets cheaper with more tokens), otherwise extrapolated with
         the slope between the two largest measured sizes (or proportionally when only one is known).
+        With ``optimistic``, a size with fewer than 3 samples returns the smaller of its mean and the
+        estimate from the other sizes, so one unlucky first sample does not rule it out for good.
         """
+        n = min(max(n, 1), self.n_max)
+        if self.count[n] and (self.count[n] >= 3 or not optimistic):
+            return float(self.mean[n])
         sizes = np.flatnonzero(self.count)
+        if self.count[n]:
+            sizes = sizes[sizes != n]
+            if len(sizes) == 0:
+                return float(self.mean[n])
+            return min(float(self.mean[n]), self._from_sizes(sizes, n, optimistic))
         if len(sizes) == 0:
             return math.nan
-        n = min(max(n, 1), self.n_max)
-        if self.count[n]:
-            return float(self.mean[n])
+        return self._from_sizes(sizes, n, optimistic)
+
+    def _from_sizes(self, sizes: np.ndarray, n: int, optimistic: bool) -> float:
+        """Estimate of size ``n`` from the measured ``sizes`` (``[m] int``, ascending, without n)."""
         i = int(np.searchsorted(sizes, n))
         if i == 0:
             return float(self.mean[sizes[0]] * n / sizes[0])

@@ -49,7 +49,7 @@ def load_engine(
                            progress=progress)
     tgt = load(target or DEFAULT_TARGET)
     dft = None
-    if spec.method == "draft" or draft is not None:
+    if spec.method in ("draft", "hybrid", "auto") or draft is not None:
         dft = load(draft or DEFAULT_DRAFT)
     return Engine(tgt, dft, spec)
 

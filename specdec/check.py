@@ -44,9 +44,8 @@ NextDist = Callable[[tuple[int, ...]], np.ndarray]
 """``prefix -> [V] float64``: the processed target distribution of the token after prompt + prefix."""
 
 
-def _pool(node: tuple[int, ...], tok: int) -> tuple:
-    kind = "end" if tok == EOG else "repeat" if tok in node else "new"
-    return ("pool", len(node) + 1, kind)
+def _kind(node: tuple[int, ...], tok: int) -> str:
+    return "end" if tok == EOG else "repeat" if tok in node else "new"
 
 
 @dataclass
@@ -55,8 +54,8 @@ class CellTable:
 
     Attributes:
         probs: ``[C] float64`` cell probabilities, summing to 1.
-        labels: ``[C]`` cell names: a token-id tuple (``EOG`` for the end), ``("pool", position,
-            kind)``, or ``("rest",)``.
+        labels: ``[C]`` cell names: a token-id tuple (``EOG`` for the end), ``(prefix, kind)`` (the
+            small children of one prefix), ``("pool", position, kind)``, or ``("rest",)``.
         depth: Tokens per sequence.
         n_evals: Target distributions computed (expanded prefixes).
     """
@@ -76,7 +75,7 @@ class CellTable:
             if child in self._index:
                 return self._index[child]
             if child not in self._inner:
-                return self._index[_pool(node, int(tok))]
+                return self._index[(node, _kind(node, int(tok)))]
             node = child
         raise AssertionError(f"sequence {seq} is shorter than depth {self.depth} and does not end")
 
@@ -86,9 +85,10 @@ def exact_cells(next_dist: NextDist, depth: int, n_samples: int, eog_ids: Iterab
     """Expand the prefix tree of the first ``depth`` tokens and pool small cells.
 
     A prefix whose expected count ``n_samples * P`` reaches ``min_expected`` gets its own cell (a
-    complete sequence) or is expanded (one ``next_dist`` call); the others are pooled by position and
-    kind (:data:`POOLS`), and pools still below ``min_expected`` form one "rest" cell (folded into the
-    smallest cell when even that is too small).
+    complete sequence) or is expanded (one ``next_dist`` call); the others are pooled per parent and
+    kind (:data:`POOLS`); pools still below ``min_expected`` are pooled by position and kind across
+    parents, and what is still too small forms one "rest" cell (folded into the smallest cell when
+    even that is too small).
 
     Args:
         next_dist: Exact next-token distribution of a prefix (generated tokens only).
@@ -102,7 +102,7 @@ def exact_cells(next_dist: NextDist, depth: int, n_samples: int, eog_ids: Iterab
     """
     eog = np.array(sorted(eog_ids), dtype=np.int64)
     thr = min_expected / n_samples
-    cells: dict[tuple, float] = {("pool", d, kind): 0.0 for d in range(1, depth + 1) for kind in POOLS}
+    cells: dict[tuple, float] = {}
     inner: set[tuple[int, ...]] = set()
     n_evals = 0
     stack: list[tuple[tuple[int, ...], float]] = [((), 1.0)]
@@ -117,12 +117,20 @@ def exact_cells(next_dist: NextDist, depth: int, n_samples: int, eog_ids: Iterab
             if m <= 0:
                 continue
             if m < thr:
-                cells[_pool(node, tok)] += m
+                key = (node, _kind(node, tok))
+                cells[key] = cells.get(key, 0.0) + m
             elif tok == EOG or len(node) + 1 == depth:
                 cells[node + (tok,)] = m
             else:
                 inner.add(node + (tok,))
                 stack.append((node + (tok,), m))
+    # small per-parent pools -> pools by position and kind -> "rest"
+    redirect: dict[tuple, tuple] = {}
+    for key, m in list(cells.items()):
+        if m < thr and isinstance(key[0], tuple):
+            pool = ("pool", len(key[0]) + 1, key[1])
+            cells[pool] = cells.get(pool, 0.0) + cells.pop(key)
+            redirect[key] = pool
     labels = [key for key, m in cells.items() if m >= thr]
     probs = [cells[key] for key in labels]
     rest = sum(m for m in cells.values() if m < thr)
@@ -135,6 +143,7 @@ def exact_cells(next_dist: NextDist, depth: int, n_samples: int, eog_ids: Iterab
         probs[rest_index] += rest
     index = {key: i for i, key in enumerate(labels) if key != ("rest",)}
     index.update({key: rest_index for key, m in cells.items() if m < thr})
+    index.update({key: index[pool] for key, pool in redirect.items()})
     p = np.array(probs)
     return CellTable(probs=p / p.sum(), labels=labels, depth=depth, n_evals=n_evals, _index=index, _inner=inner)
 
@@ -204,10 +213,11 @@ def target_next_dist(engine, prompt_ids: Sequence[int], params: SamplingParams, 
 
 
 def sample_prefixes(engine, prompt_ids: Sequence[int], params: SamplingParams, spec: SpecConfig, n: int,
-                    depth: int) -> tuple[list[tuple[int, ...]], dict]:
+                    depth: int, progress: Callable[[int], object] | None = None) -> tuple[list[tuple[int, ...]], dict]:
     """Sample the first ``depth`` tokens ``n`` times with speculation (``EOG`` ends a sequence early).
 
     A seeded ``params`` gives sample ``i`` the seed of ``params.replace(n=n).for_sample(i)``.
+    ``progress(1)`` is called after each sample.
 
     Returns:
         ``(sequences, stats)``: stats hold ``proposed``, ``accepted`` and ``target_calls`` totals.
@@ -231,6 +241,8 @@ def sample_prefixes(engine, prompt_ids: Sequence[int], params: SamplingParams, s
         seqs.append(seq)
         for key in totals:
             totals[key] += getattr(req.stats, key)
+        if progress is not None:
+            progress(1)
     return seqs, totals
 
 
@@ -270,13 +282,8 @@ class CheckResult:
         return [(int(self.fit.counts[i]), float(self.n_samples * self.table.probs[i])) for i in order]
 
 
-def run_check(engine, prompt_ids: Sequence[int], params: SamplingParams, spec: SpecConfig,
-              n_samples: int = 400, depth: int = 3, alpha: float = 0.01) -> CheckResult:
-    """Sample with speculation and test the result against the exact target distribution.
-
-    Raises:
-        ValueError: for greedy ``params`` (nothing random to test), ``spec.k == 0``, or bad counts.
-    """
+def validate_check(params: SamplingParams, spec: SpecConfig, n_samples: int, depth: int, alpha: float) -> None:
+    """Raise ValueError, saying how to fix it, for settings :func:`run_check` cannot test."""
     if params.greedy:
         raise ValueError("check needs sampling: pass --temperature > 0 (greedy output is compared "
                          "token for token by `specdec generate --compare`)")
@@ -284,10 +291,31 @@ def run_check(engine, prompt_ids: Sequence[int], params: SamplingParams, spec: S
         raise ValueError("check needs speculation: choose --method draft or ngram with -k >= 1")
     if n_samples < 20 or not 1 <= depth <= 4 or not 0 < alpha < 1:
         raise ValueError("need --samples >= 20, --depth in 1..4 and --alpha in (0, 1)")
+
+
+def run_check(engine, prompt_ids: Sequence[int], params: SamplingParams, spec: SpecConfig,
+              n_samples: int = 400, depth: int = 3, alpha: float = 0.01,
+              progress: Callable[[int], object] | None = None) -> CheckResult:
+    """Sample with speculation and test the result against the exact target distribution.
+
+    Args:
+        engine: The engine (target, draft).
+        prompt_ids: ``[L] int`` prompt token ids.
+        params: Sampling settings (temperature > 0).
+        spec: Proposer, ``k`` and verifier.
+        n_samples: Generations to sample.
+        depth: Leading tokens compared (1..4).
+        alpha: Significance level of the chi-square test.
+        progress: Called with 1 after each sample.
+
+    Raises:
+        ValueError: for greedy ``params`` (nothing random to test), ``spec.k == 0``, or bad counts.
+    """
+    validate_check(params, spec, n_samples, depth, alpha)
     next_dist = target_next_dist(engine, prompt_ids, params, spec.k)
     try:
         table = exact_cells(next_dist, depth, n_samples, engine.target.eog_ids)
     finally:
         next_dist.close()  # type: ignore[attr-defined]
-    seqs, stats = sample_prefixes(engine, prompt_ids, params, spec, n_samples, depth)
+    seqs, stats = sample_prefixes(engine, prompt_ids, params, spec, n_samples, depth, progress)
     return CheckResult(table=table, fit=goodness_of_fit(table, seqs), n_samples=n_samples, alpha=alpha, stats=stats)

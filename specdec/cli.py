@@ -1,4 +1,4 @@
-"""The ``specdec`` command line: ``generate``, ``models`` and ``serve``.
+"""The ``specdec`` command line: ``generate``, ``models``, ``serve`` and ``check``.
 
 Every error a user can cause becomes one line on stderr and a non-zero exit, never a traceback.
 Generated text goes to stdout; statistics go to stderr, so the text can be piped.
@@ -7,6 +7,7 @@ Generated text goes to stdout; statistics go to stderr, so the text can be piped
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import codecs
 import sys
 from typing import Sequence
@@ -28,19 +29,47 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--method", choices=["draft", "ngram", "none"], default="draft", help="proposer (default draft)")
-    p.add_argument(
-        "-k", "--num-speculative-tokens", type=int, default=4, help="draft tokens per target call (default 4)"
-    )
+    p.add_argument("--method", choices=["auto", "hybrid", "draft", "ngram", "none"], default="draft",
+                   help="proposer (default draft); auto: k chosen each step by a cost model, 0 included")
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=None,
+                   help="draft tokens per target call (default 4); the cap for hybrid (8) and auto (16)")
+    p.add_argument("--draft-p-min", type=float, default=0.0,
+                   help="draft early stop: stop drafting below this draft probability (default 0 = off)")
+    p.add_argument("--verify", choices=["token", "block"], default="token",
+                   help="sampling verifier: token-by-token or block verification (default token)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]")
+    p.add_argument("--min-p", type=float, default=0.0, help="keep tokens with p >= min_p * max p (0 = off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="over prompt + output (1 = off)")
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, over output tokens")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, over output tokens")
+    p.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS",
+                   help="add BIAS to token ID's logit (repeatable)")
+    p.add_argument("--min-tokens", type=int, default=0, help="no end-of-generation token before this many")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
+    """The :class:`SamplingParams` of the sampling options (raises ValueError on bad values)."""
+    bias = {}
+    for item in args.logit_bias:
+        tok, sep, val = item.partition("=")
+        try:
+            bias[int(tok)] = float(val)
+        except ValueError:
+            raise ValueError(f"--logit-bias takes ID=BIAS, e.g. 151643=-100; got {item!r}") from None
+    return SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty, logit_bias=bias, min_tokens=args.min_tokens,
+        seed=args.seed, max_tokens=args.max_tokens, stop=tuple(args.stop),
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,6 +89,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--show-accepted", action="store_true", help="colour accepted draft tokens (terminal)")
     g.add_argument("--json", action="store_true", help="print the result and stats as JSON on stdout")
 
+    c = sub.add_parser("check", help="test that speculation reproduces the target's output distribution")
+    c.add_argument("prompt", nargs="?", default="Write a Python function that merges two sorted lists.",
+                   help="the prompt ('-' reads stdin; default: a coding request)")
+    c.add_argument("--file", help="read the prompt from a file")
+    c.add_argument("--raw", action="store_true", help="plain completion: do not apply the chat template")
+    _add_model_args(c)
+    _add_spec_args(c)
+    _add_sampling_args(c)
+    c.set_defaults(temperature=1.0, max_tokens=16)
+    c.add_argument("--samples", type=int, default=400, help="generations to sample (default 400)")
+    c.add_argument("--depth", type=int, default=3, help="leading tokens compared (default 3: the prefill's "
+                   "token and the first two of the first speculative block)")
+    c.add_argument("--alpha", type=float, default=0.01, help="significance level (default 0.01)")
+
     m = sub.add_parser("models", help="list known and cached models")
     m.add_argument("--download", metavar="NAME", help="download a known model into the cache now")
 
@@ -76,6 +119,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt (default: the context)")
     s.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
     s.add_argument("--drain-timeout", type=float, default=120.0, help="seconds to finish requests on SIGTERM")
+
+    b = sub.add_parser("bench", help="benchmark every method on Spec-Bench and HumanEval, with llama-server as peer")
+    b.add_argument("--target", help="target model: a known name or a GGUF path")
+    b.add_argument("--draft", help="draft model: a known name or a GGUF path")
+    b.add_argument("--n-ctx", type=int, default=4096, help="context window in tokens (default 4096)")
+    b.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
+    b.add_argument("--data", default=None, help="folder with spec_bench/ and humaneval/ (default ../shared/data)")
+    b.add_argument("--categories", default=None, help="comma-separated (default: all eight)")
+    b.add_argument("--per-category", type=int, default=5, help="prompts per category (default 5)")
+    b.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
+    b.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    b.add_argument("--seed", type=int, default=0, help="seed of prompt i is seed + i (default 0)")
+    b.add_argument("--methods", default=None,
+                   help="comma-separated subset of none,draft,draft-pmin,ngram,hybrid,auto,raw,server,server-spec")
+    b.add_argument("--draft-k", type=int, default=3, help="k of the draft methods and the peer (default 3)")
+    b.add_argument("--ngram-k", type=int, default=4, help="k of the ngram method (default 4)")
+    b.add_argument("--p-min", type=float, default=0.75, help="early stop of draft-pmin (default 0.75)")
+    b.add_argument("--llama-server", default=None, help="llama-server binary (default: found automatically)")
+    b.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
+    b.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation of each method")
     return parser
 
 
@@ -95,8 +158,8 @@ def _read_prompt(args: argparse.Namespace) -> str:
     return args.prompt
 
 
-def _check_k(k: int) -> None:
-    if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
+def _check_k(k: int | None) -> None:
+    if k is not None and not 0 <= k <= MAX_SPECULATIVE_TOKENS:
         raise ValueError(f"-k/--num-speculative-tokens must be in 0..{MAX_SPECULATIVE_TOKENS}, got {k}")
 
 
@@ -144,15 +207,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompt = _read_prompt(args)
     if not prompt.strip():
         raise ValueError("the prompt is empty")
-    params = SamplingParams(
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        max_tokens=args.max_tokens,
-        stop=tuple(args.stop),
-    )
-    spec = SpecConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens)
+    params = sampling_params_from_args(args)
+    spec = SpecConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens, verify=args.verify,
+                      draft_p_min=args.draft_p_min)
     if args.n_ctx < 16:
         raise ValueError(f"--n-ctx must be at least 16, got {args.n_ctx}")
     engine = load_engine(args.target, args.draft, spec, n_ctx=args.n_ctx, n_threads=args.threads,
@@ -195,6 +252,35 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """``specdec check``: sample with speculation, compare with the exact target distribution; exit
+    status 0 on PASS, 1 on FAIL."""
+    from tqdm import tqdm
+
+    from specdec.api import load_engine
+    from specdec.check import run_check, validate_check
+
+    _check_k(args.num_speculative_tokens)
+    prompt = _read_prompt(args)
+    params = sampling_params_from_args(args)
+    spec = SpecConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens, verify=args.verify,
+                      draft_p_min=args.draft_p_min)
+    validate_check(params, spec, args.samples, args.depth, args.alpha)
+    engine = load_engine(args.target, args.draft, spec, n_ctx=args.n_ctx, n_threads=args.threads,
+                         backend=args.backend, device=args.device, dtype=args.dtype)
+    prompt_ids = engine.encode_prompt(prompt, chat=not args.raw)
+    settings = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)
+                if getattr(params, f.name) != getattr(SamplingParams(), f.name) and f.name != "max_tokens"}
+    print(f"target {engine.target.name}, draft {engine.draft.name if engine.draft else '-'}; method {spec.method}, "
+          f"k={spec.k}, verify {spec.verify}; prompt {len(prompt_ids)} tokens\nsettings             "
+          + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    with tqdm(total=args.samples, desc="sampling", unit="sample", file=sys.stderr, leave=False) as bar:
+        res = run_check(engine, prompt_ids, params, spec, n_samples=args.samples, depth=args.depth,
+                        alpha=args.alpha, progress=bar.update)
+    print(res.report())
+    return 0 if res.passed else 1
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     """``specdec models``: known models, whether each is cached, and where."""
     from specdec import models
@@ -230,7 +316,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get("SPECDEC_API_KEY") or None
     if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         print(f"specdec: warning: serving on {args.host} without --api-key", file=sys.stderr)
-    spec = SpecConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens)
+    spec = SpecConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens, verify=args.verify,
+                      draft_p_min=args.draft_p_min)
     engine = load_engine(args.target, args.draft, spec, n_ctx=args.n_ctx, n_seq_max=args.max_concurrency,
                          n_threads=args.threads, backend=args.backend, device=args.device, dtype=args.dtype)
     config = ServerConfig(
@@ -239,6 +326,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens_limit,
     )
     run_server(engine, config, host=args.host, port=args.port, drain_timeout=args.drain_timeout)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """``specdec bench``: run the benchmark, print the Markdown report, write JSON/Markdown/plots."""
+    from specdec.bench.prompts import CATEGORIES
+    from specdec.bench.runner import METHODS, BenchConfig, run_bench
+
+    def split(s: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(x.strip() for x in s.split(",") if x.strip()) if s else default
+
+    cfg = BenchConfig(
+        target=args.target, draft=args.draft, data_dir=args.data, categories=split(args.categories, CATEGORIES),
+        per_category=args.per_category, max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+        methods=split(args.methods, METHODS), draft_k=args.draft_k, ngram_k=args.ngram_k, p_min=args.p_min,
+        n_ctx=args.n_ctx, threads=args.threads, out_dir=args.out, llama_server=args.llama_server,
+        warmup=not args.no_warmup,
+    )
+    doc = run_bench(cfg)
+    with open(doc["outputs"]["markdown"], encoding="utf-8") as f:
+        print(f.read())
+    print("wrote " + ", ".join([doc["outputs"]["json"], doc["outputs"]["markdown"], *doc["outputs"]["plots"]]),
+          file=sys.stderr)
     return 0
 
 
@@ -252,7 +362,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from specdec.models import ModelDownloadError
     except ImportError:  # pragma: no cover
         ModelDownloadError = RuntimeError  # type: ignore[misc,assignment]
-    handlers = {"generate": cmd_generate, "models": cmd_models, "serve": cmd_serve}
+    handlers = {"generate": cmd_generate, "models": cmd_models, "serve": cmd_serve, "check": cmd_check,
+                "bench": cmd_bench}
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:

@@ -21,8 +21,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def tiny_backend(path, **kwargs) -> LlamaCppBackend:
     """A backend on a tiny model with exact numerics (F32 KV cache, no flash attention), so that
-    batched and one-token evaluation agree to ~1e-5."""
-    kwargs = {"n_ctx": TINY_N_CTX, "n_seq_max": TINY_N_SEQ_MAX, **kwargs}
+    batched and one-token evaluation agree to ~1e-5. One thread by default: a tiny model gains nothing
+    from more, and on a busy machine llama.cpp's thread synchronization made each decode 5-50x slower."""
+    kwargs = {"n_ctx": TINY_N_CTX, "n_seq_max": TINY_N_SEQ_MAX, "n_threads": 1, **kwargs}
     return LlamaCppBackend(path, flash_attn=False, kv_cache_type="f32", **kwargs)
 
 

@@ -117,9 +117,7 @@ def test_lossless_matrix(table_pair, name, k, method, verify):
 def gguf_pair(tiny_model_dir):
     tpath = write_tiny_qwen2_gguf(tiny_model_dir / "lossless-target.gguf", seed=0)
     dpath = write_tiny_qwen2_gguf(tiny_model_dir / "lossless-draft.gguf", seed=0, perturb=0.1)
-    # one thread: these models are tiny, and threads only add synchronization cost
-    with tiny_backend(tpath, n_threads=1, n_ctx=128) as target, \
-            tiny_backend(dpath, n_threads=1, n_ctx=128) as draft:
+    with tiny_backend(tpath, n_ctx=128) as target, tiny_backend(dpath, n_ctx=128) as draft:
         engine = Engine(target, draft, SpecConfig(method="draft"))
 
         def logits_after(ids):

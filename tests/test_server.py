@@ -1,6 +1,5 @@
 """The OpenAI-compatible server on loopback, driven by the official ``openai`` client (tiny models)."""
 
-import json
 import threading
 import time
 
@@ -218,13 +217,24 @@ def test_api_key(engine):
         assert httpx.get(f"{srv.root}/health").status_code == 200
 
 
-def test_logprobs_or_refused(client):
-    try:
-        r = chat(client, PROMPTS[0], logprobs=True, top_logprobs=2, max_tokens=6)
-    except openai.BadRequestError as e:
-        assert "not supported" in str(e)
-        return
-    content = r.choices[0].logprobs.content
-    assert len(content) == r.usage.completion_tokens
-    assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
-    assert json.dumps(r.model_dump())  # serialisable
+def test_logprobs_count_the_tokens_delivered(client):
+    full = chat(client, PROMPTS[0], logprobs=True, top_logprobs=2, max_tokens=12)
+    content = full.choices[0].logprobs.content
+    assert len(content) == full.usage.completion_tokens > 0
+    assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 and t.top_logprobs[0].logprob >= t.logprob
+               for t in content)
+    chunks = list(chat(client, PROMPTS[0], logprobs=True, top_logprobs=2, max_tokens=12, stream=True,
+                       stream_options={"include_usage": True}))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content]
+    assert len(streamed) == chunks[-1].usage.completion_tokens
+    assert b"".join(bytes(t.bytes) for t in content).decode("utf-8", "replace").startswith(
+        full.choices[0].message.content[:1])
+
+
+def test_completions_logprobs_format(client):
+    r = client.completions.create(model="tiny", prompt=PROMPTS[5], max_tokens=6, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == r.usage.completion_tokens
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    assert all(tok in top and len(top) in (3, 4) for tok, top in zip(lp.tokens, lp.top_logprobs))

@@ -108,7 +108,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
             raise APIError(404, f"the model '{req.model}' does not exist; this server serves "
                            f"'{config.model_name}'", param="model", code="model_not_found")
         serving.refuse_unsupported(req)
-        return serving.sampling_kwargs(req), serving.spec_for(engine, req)
+        return {**serving.sampling_kwargs(req), **serving.logprob_kwargs(req)}, serving.spec_for(engine, req)
 
     async def start(req, prompts: list[list[int]], kwargs: dict, spec, default_max: int | None):
         if len(prompts) * req.n > limits.max_choices:
@@ -117,13 +117,11 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         for ids in prompts:
             ids = serving.check_prompt(engine, ids, limits)
             max_tokens = serving.max_tokens_for(req, len(ids), engine.n_ctx, limits, default_max)
-            for j in range(req.n):
-                seed = None if req.seed is None else req.seed + j
-                try:
-                    params = serving.SamplingParams(**kwargs, max_tokens=max_tokens, seed=seed)
-                except (ValueError, TypeError) as e:
-                    raise APIError(400, str(e)) from None
-                items.append((ids, params, spec))
+            try:
+                params = serving.SamplingParams(**kwargs, max_tokens=max_tokens, seed=req.seed, n=req.n)
+                items.extend((ids, params.for_sample(j), spec) for j in range(req.n))
+            except (ValueError, TypeError) as e:
+                raise APIError(400, str(e)) from None
         try:
             return serving.Choices(state["scheduler"], items)
         except APIError as e:
@@ -135,18 +133,21 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         kwargs, spec = admit(req)
         prompts = await asyncio.to_thread(serving.tokenize_completion_prompts, engine, req.prompt)
         choices = await start(req, prompts, kwargs, spec, default_max=16)
-        rid = f"cmpl-{secrets.token_hex(12)}"
-        head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": config.model_name}
+        head = {"id": f"cmpl-{secrets.token_hex(12)}", "object": "text_completion", "created": int(time.time()),
+                "model": config.model_name}
+        offsets = [serving.TextOffsets() for _ in choices.jobs]
 
-        def chunk(i: int, text: str, finish: str | None) -> dict:
-            return {**head, "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": finish}]}
+        def choice(i: int, text: str, lps, finish: str | None) -> dict:
+            logprobs = serving.completion_logprobs(engine, lps, offsets[i])
+            return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
         if req.stream:
-            return _sse(_stream(choices, req, head, prompts, spec, chunk, role_chunk=None))
+            return _sse(_stream(choices, req, head, prompts, spec, content=lambda i, ev: choice(i, ev.text, ev.logprobs,
+                                None), final=lambda i, reason: choice(i, "", None, reason), first=None))
         results = await _collect(choices, raw)
         return CompletionResponse(
             **head, usage=serving.usage(prompts, results), speculative=serving.speculative_stats(spec, results),
-            choices=[{"index": i, "text": r.text, "finish_reason": r.finish_reason} for i, r in enumerate(results)],
+            choices=[choice(i, r.text, r.logprobs, r.finish_reason) for i, r in enumerate(results)],
         )
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS)
@@ -154,22 +155,23 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         kwargs, spec = admit(req)
         prompts = [await asyncio.to_thread(serving.tokenize_chat, engine, req.messages)]
         choices = await start(req, prompts, kwargs, spec, default_max=None)
-        rid = f"chatcmpl-{secrets.token_hex(12)}"
-        head = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": config.model_name}
+        head = {"id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion.chunk",
+                "created": int(time.time()), "model": config.model_name}
 
-        def chunk(i: int, text: str | None, finish: str | None, role: str | None = None) -> dict:
-            delta = {k: v for k, v in (("role", role), ("content", text)) if v is not None}
-            return {**head, "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        def delta(i: int, d: dict, lps=None, finish: str | None = None) -> dict:
+            return {"index": i, "delta": d, "logprobs": serving.chat_logprobs(engine, lps), "finish_reason": finish}
 
         if req.stream:
-            return _sse(_stream(choices, req, head, prompts, spec, chunk,
-                                role_chunk=lambda i: chunk(i, "", None, role="assistant")))
+            return _sse(_stream(choices, req, head, prompts, spec,
+                                content=lambda i, ev: delta(i, {"content": ev.text}, ev.logprobs),
+                                final=lambda i, reason: delta(i, {}, None, reason),
+                                first=lambda i: delta(i, {"role": "assistant", "content": ""})))
         results = await _collect(choices, raw)
         return ChatCompletionResponse(
             **{**head, "object": "chat.completion"}, usage=serving.usage(prompts, results),
             speculative=serving.speculative_stats(spec, results),
-            choices=[{"index": i, "message": {"content": r.text}, "finish_reason": r.finish_reason}
-                     for i, r in enumerate(results)],
+            choices=[{"index": i, "message": {"content": r.text}, "finish_reason": r.finish_reason,
+                      "logprobs": serving.chat_logprobs(engine, r.logprobs)} for i, r in enumerate(results)],
         )
 
     return app
@@ -205,30 +207,33 @@ def _sse(events: AsyncIterator[dict | str]) -> StreamingResponse:
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def _stream(choices: serving.Choices, req, head: dict, prompts, spec, chunk, role_chunk):
-    """The SSE events of one request; leaving early (client gone) cancels its choices."""
+async def _stream(choices: serving.Choices, req, head: dict, prompts, spec, content, final, first):
+    """The SSE events of one request; leaving early (client gone) cancels its choices.
+
+    Args:
+        content: ``(index, chunk) -> choice`` for a chunk with text or tokens.
+        final: ``(index, finish_reason) -> choice`` for the last chunk of a choice.
+        first: ``index -> choice`` sent before anything else (chat's role delta), or ``None``.
+    """
     include_usage = req.stream_options is not None and req.stream_options.include_usage
     extra = {"usage": None} if include_usage else {}
     results = [None] * len(choices.jobs)
     try:
-        if role_chunk is not None:
+        if first is not None:
             for i in range(len(results)):
-                yield {**role_chunk(i), **extra}
+                yield {**head, "choices": [first(i)], **extra}
         while any(r is None for r in results):
             i, ev = await choices.events.get()
             if isinstance(ev, BaseException):
                 e = serving.engine_error(ev)
                 yield error_body(e.status, e.message, e.param, e.code, e.type)
                 break
-            if ev.text and ev.finish_reason is None:
-                yield {**chunk(i, ev.text, None), **extra}
+            if ev.text or ev.logprobs:  # logprobs of tokens whose text is held back still go out
+                yield {**head, "choices": [content(i, ev)], **extra}
             if ev.finish_reason is not None:
                 results[i] = ev.result
-                if ev.text:
-                    yield {**chunk(i, ev.text, None), **extra}
-                last = chunk(i, None, ev.finish_reason) if role_chunk else chunk(i, "", ev.finish_reason)
                 stats = serving.speculative_stats(spec, [ev.result]).model_dump()
-                yield {**last, **extra, "speculative": stats}
+                yield {**head, "choices": [final(i, ev.finish_reason)], **extra, "speculative": stats}
         else:
             if include_usage:
                 yield {**head, "choices": [], "usage": serving.usage(prompts, results).model_dump(),
@@ -249,8 +254,10 @@ def run_server(engine, config: ServerConfig, host: str = "127.0.0.1", port: int 
     Raises:
         ValueError: when the address cannot be bound (port in use, unknown host).
     """
+    import signal
     import socket
     import sys
+    import threading
 
     import uvicorn
 
@@ -268,4 +275,8 @@ def run_server(engine, config: ServerConfig, host: str = "127.0.0.1", port: int 
     print(f"specdec: serving {config.model_name} on http://{host}:{bound}/v1 "
           f"(method {engine.spec.method}, k={engine.spec.k}, {config.max_running} concurrent)", file=sys.stderr,
           flush=True)
+    if threading.current_thread() is threading.main_thread():
+        # uvicorn re-raises SIGTERM after its graceful shutdown; a no-op handler lets the drained
+        # process exit 0 instead of dying by the signal
+        signal.signal(signal.SIGTERM, lambda *_: None)
     server.run(sockets=[sock])

@@ -35,7 +35,7 @@ class SpeculativeOptions(BaseModel):
     """Request extension: per-request proposer settings (default: the server's)."""
 
     model_config = ConfigDict(extra="forbid")
-    method: Literal["draft", "ngram", "none"] | None = None
+    method: str | None = Field(None, description="A SpecConfig method: draft, ngram, hybrid, auto or none.")
     num_speculative_tokens: int | None = Field(None, ge=0, le=MAX_SPECULATIVE_TOKENS)
 
 
@@ -46,7 +46,7 @@ class _GenerationRequest(_Lenient):
     max_tokens: int | None = Field(None, ge=1, description="Most tokens to generate.")
     temperature: float | None = Field(None, ge=0, description="0 = greedy; default 1.0 as in OpenAI's API.")
     top_p: float | None = Field(None, gt=0, le=1)
-    n: int = Field(1, ge=1, description="Independent choices per prompt (seed + i for choice i).")
+    n: int = Field(1, ge=1, description="Independent choices per prompt (SamplingParams.for_sample seeds).")
     stop: str | list[str] | None = Field(None, description="Up to 16 stop strings; the text is cut before them.")
     seed: int | None = Field(None, ge=0, lt=2**64)
     stream: bool = False
@@ -76,7 +76,7 @@ class CompletionRequest(_GenerationRequest):
     """``POST /v1/completions``: plain completion of a prompt (no chat template)."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: int | None = Field(None, ge=0, le=20, description="Top alternatives per token (and the token's own).")
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None

@@ -10,6 +10,8 @@ asyncio queue fed by the scheduler thread; leaving the stream (client gone) canc
 from __future__ import annotations
 
 import asyncio
+import codecs
+import dataclasses
 import functools
 import typing
 from dataclasses import dataclass, fields
@@ -84,15 +86,24 @@ def sampling_kwargs(req: CompletionRequest | ChatCompletionRequest) -> dict:
 def refuse_unsupported(req: CompletionRequest | ChatCompletionRequest) -> None:
     """400 for OpenAI features this server does not implement, rather than ignoring them."""
     if isinstance(req, CompletionRequest):
-        bad = [("echo", req.echo), ("suffix", req.suffix), ("best_of", req.best_of not in (None, 1, req.n) and
-                                                           req.best_of), ("logprobs", req.logprobs is not None)]
+        best_of = req.best_of not in (None, 1, req.n) and req.best_of
+        bad = [("echo", req.echo), ("suffix", req.suffix), ("best_of", best_of)]
     else:
         fmt = (req.response_format or {}).get("type", "text")
-        bad = [("tools", req.tools), ("response_format", fmt != "text"),
-               ("logprobs", req.logprobs or req.top_logprobs is not None)]
+        bad = [("tools", req.tools), ("response_format", fmt != "text")]
     for name, value in bad:
         if value:
             raise APIError(400, f"{name} is not supported by this server yet", param=name)
+
+
+def logprob_kwargs(req: CompletionRequest | ChatCompletionRequest) -> dict:
+    """SamplingParams ``logprobs``/``top_logprobs`` from OpenAI's two conventions: chat has a flag and a
+    count, completions one count (``logprobs=N``: the token's own logprob and N alternatives)."""
+    if isinstance(req, CompletionRequest):
+        return {"logprobs": True, "top_logprobs": req.logprobs} if req.logprobs is not None else {}
+    if req.top_logprobs and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
+    return {"logprobs": True, "top_logprobs": req.top_logprobs or 0} if req.logprobs else {}
 
 
 def max_tokens_for(req, prompt_len: int, n_ctx: int, limits: Limits, default: int | None) -> int:
@@ -178,20 +189,26 @@ def _tokenize(engine, text: str) -> list[int]:
 
 
 def spec_for(engine, req) -> SpecConfig:
-    """The request's proposer settings: the server's default overridden by ``speculative``.
+    """The request's proposer settings: the server's default overridden by ``speculative`` (without
+    ``num_speculative_tokens``, the server's k for its own method, else the method's default).
 
     Raises:
-        APIError: 400 for the draft method when no draft model is loaded.
+        APIError: 400 for an unknown method, or the draft method when no draft model is loaded.
     """
     base, opt = engine.spec, req.speculative
     if opt is None:
         return base
     method = opt.method or base.method
-    k = base.num_speculative_tokens if opt.num_speculative_tokens is None else opt.num_speculative_tokens
+    k = opt.num_speculative_tokens
+    if k is None and method == base.method:
+        k = base.num_speculative_tokens
     if method == "draft" and engine.draft is None:
         raise APIError(400, "speculative.method 'draft' needs a draft model; this server has none "
                        "(start it with --draft, or use 'ngram' or 'none')", param="speculative.method")
-    return SpecConfig(method=method, num_speculative_tokens=k, ngram_max=base.ngram_max, ngram_min=base.ngram_min)
+    try:
+        return dataclasses.replace(base, method=method, num_speculative_tokens=k)
+    except ValueError as e:
+        raise APIError(400, f"speculative: {e}", param="speculative") from None
 
 
 def speculative_stats(spec: SpecConfig, results: list[GenerationResult]) -> SpeculativeStats:
@@ -266,3 +283,54 @@ def engine_error(e: BaseException) -> APIError:
     if isinstance(e, ValueError):
         return APIError(400, str(e))
     return APIError(500, f"generation failed: {e}", type="server_error")
+
+
+def _token_entry(engine, token_id: int, logprob: float) -> dict:
+    data = engine.target.token_bytes(token_id)
+    try:
+        token = data.decode("utf-8")
+    except UnicodeDecodeError:  # part of a character: OpenAI's "bytes:\\xNN" spelling keeps tokens distinct
+        token = "bytes:" + "".join(f"\\x{b:02x}" for b in data)
+    # -9999 instead of -inf, as vLLM does: JSON has no infinity
+    return {"token": token, "logprob": max(logprob, -9999.0), "bytes": list(data)}
+
+
+def chat_logprobs(engine, lps) -> dict | None:
+    """Chat's ``logprobs`` object (``{"content": [...], "refusal": null}``) for some generated tokens."""
+    if lps is None:
+        return None
+    content = [{**_token_entry(engine, x.token_id, x.logprob),
+                "top_logprobs": [_token_entry(engine, t, lp) for t, lp in x.top_logprobs]} for x in lps]
+    return {"content": content, "refusal": None}
+
+
+class TextOffsets:
+    """Character offset of each generated token in a choice's text (UTF-8 decoded incrementally, so a
+    token holding part of a character adds nothing until the character is complete)."""
+
+    def __init__(self):
+        self.offset = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def next(self, data: bytes) -> int:
+        """The offset of a token with bytes ``data``; advances past it."""
+        at = self.offset
+        self.offset += len(self._decoder.decode(data))
+        return at
+
+
+def completion_logprobs(engine, lps, offsets: TextOffsets) -> dict | None:
+    """The completions API's ``logprobs`` object for some generated tokens: tokens, their logprobs,
+    the top alternatives (the sampled token always included, as OpenAI does) and text offsets."""
+    if lps is None:
+        return None
+    out: dict = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for x in lps:
+        e = _token_entry(engine, x.token_id, x.logprob)
+        top = {(a := _token_entry(engine, t, lp))["token"]: a["logprob"] for t, lp in x.top_logprobs}
+        top.setdefault(e["token"], e["logprob"])
+        out["tokens"].append(e["token"])
+        out["token_logprobs"].append(e["logprob"])
+        out["top_logprobs"].append(top)
+        out["text_offset"].append(offsets.next(bytes(e["bytes"])))
+    return out

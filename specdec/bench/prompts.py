@@ -1,0 +1,100 @@
+"""Benchmark prompts: the six Spec-Bench categories (first turn) and HumanEval twice, as "complete"
+(write the function from its signature and docstring) and "code-edit" (rewrite given code with type
+hints and return all of it: an input-grounded task, like an editor's apply-edit).
+
+Spec-Bench (Xia et al. 2024, arXiv 2401.07851; ``question.jsonl``): ``mt_bench`` (the 80 MT-bench
+questions, 8 sub-categories), ``translation``, ``summarization``, ``qa``, ``math_reasoning``, ``rag``.
+HumanEval (Chen et al. 2021, ``HumanEval.jsonl.gz``). Prompts are picked evenly spaced through each
+category, so a few prompts still cover MT-bench's sub-categories. This module knows files and text only.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+SPEC_BENCH_CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+HUMANEVAL_CATEGORIES = ("complete", "code-edit")
+CATEGORIES = SPEC_BENCH_CATEGORIES + HUMANEVAL_CATEGORIES
+_MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+
+COMPLETE_TEMPLATE = "Complete this Python function. Return the whole function in a Python code block.\n\n{code}"
+EDIT_TEMPLATE = (
+    "Rewrite this Python code with type hints added to every function signature. Keep everything else "
+    "exactly as it is and return the whole code in a Python code block.\n\n```python\n{code}```"
+)
+WARMUP_PROMPT = "Write a short Python function that returns the sum of a list of numbers."
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    """One benchmark prompt (a user message; the chat template is applied by the engine).
+
+    Attributes:
+        category: One of :data:`CATEGORIES`.
+        id: The source's id (Spec-Bench ``question_id`` or HumanEval ``task_id``).
+        text: The user message.
+    """
+
+    category: str
+    id: str
+    text: str
+
+
+def default_data_dir() -> Path:
+    """``../shared/data`` relative to the project root (the repository checkout), else ``./data``."""
+    root = Path(__file__).resolve().parents[2]
+    for cand in (root.parent / "shared" / "data", root / "data"):
+        if cand.is_dir():
+            return cand
+    return root.parent / "shared" / "data"
+
+
+def _evenly(items: list, n: int) -> list:
+    """``n`` items evenly spaced through ``items`` (all of them when ``n >= len``)."""
+    if n >= len(items):
+        return list(items)
+    return [items[i * len(items) // n] for i in range(n)]
+
+
+def load_prompts(data_dir: str | Path | None = None, per_category: int = 5,
+                 categories: tuple[str, ...] = CATEGORIES) -> list[BenchPrompt]:
+    """Load ``per_category`` prompts of each category, in category order.
+
+    Raises:
+        ValueError: for an unknown category or ``per_category < 1``.
+        FileNotFoundError: when a data file is missing (says where it was looked for).
+    """
+    unknown = [c for c in categories if c not in CATEGORIES]
+    if unknown:
+        raise ValueError(f"unknown categories {unknown}; choose from {', '.join(CATEGORIES)}")
+    if per_category < 1:
+        raise ValueError(f"--per-category must be >= 1, got {per_category}")
+    data = Path(data_dir) if data_dir is not None else default_data_dir()
+    out: list[BenchPrompt] = []
+    if any(c in SPEC_BENCH_CATEGORIES for c in categories):
+        path = data / "spec_bench" / "question.jsonl"
+        if not path.is_file():
+            raise FileNotFoundError(f"Spec-Bench questions not found at {path}; pass --data DIR")
+        with open(path, encoding="utf-8") as f:
+            qs = [json.loads(line) for line in f if line.strip()]
+        for cat in (c for c in categories if c in SPEC_BENCH_CATEGORIES):
+            rows = [q for q in qs if (q["category"] in _MT_BENCH if cat == "mt_bench" else q["category"] == cat)]
+            out += [BenchPrompt(cat, str(q["question_id"]), q["turns"][0]) for q in _evenly(rows, per_category)]
+    if any(c in HUMANEVAL_CATEGORIES for c in categories):
+        path = data / "humaneval" / "HumanEval.jsonl.gz"
+        if not path.is_file():
+            raise FileNotFoundError(f"HumanEval not found at {path}; pass --data DIR")
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            problems = _evenly([json.loads(line) for line in f if line.strip()], per_category)
+        for cat in (c for c in categories if c in HUMANEVAL_CATEGORIES):
+            for p in problems:
+                if cat == "complete":
+                    text = COMPLETE_TEMPLATE.format(code=p["prompt"])
+                else:
+                    text = EDIT_TEMPLATE.format(code=p["prompt"] + p["canonical_solution"])
+                out.append(BenchPrompt(cat, p["task_id"], text))
+    order = {c: i for i, c in enumerate(categories)}
+    return sorted(out, key=lambda p: order[p.category])

