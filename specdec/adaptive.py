@@ -139,9 +139,11 @@ class AcceptanceStats:
 
     ``reached[i]`` counts steps where draft position ``i`` (0-based) was verified with every earlier
     draft accepted, ``accepted[i]`` those where it was accepted too, so ``accepted[i] / reached[i]``
-    estimates ``alpha_{i+1}``. Before each update all counts are multiplied by ``decay``. Estimates are
-    shrunk towards the parent's (the engine's pooled statistics) or a constant prior with weight
-    ``strength``: ``(accepted[i] + strength * parent_i) / (reached[i] + strength)``.
+    estimates ``alpha_{i+1}``. Before each update all counts are multiplied by ``decay``. Each position is
+    shrunk towards this kind's rate pooled over positions, ``(accepted[i] + strength * pooled) /
+    (reached[i] + strength)``, and the pooled rate towards the parent's pooled rate (the engine's
+    statistics of the same kind) or a constant prior, so positions never drafted yet inherit what the
+    first positions showed: a copy accepted at position 1 earns a try at longer drafts.
 
     Args:
         prior: Constant prior acceptance, used when there is no parent.
@@ -171,10 +173,14 @@ class AcceptanceStats:
         if self.parent is not None:
             self.parent.observe(num_proposed, num_accepted)
 
+    def pooled(self) -> float:
+        """Acceptance pooled over all positions, shrunk towards the parent's (or the prior)."""
+        base = self.parent.pooled() if self.parent is not None else self.prior
+        return float((self.accepted.sum() + self.strength * base) / (self.reached.sum() + self.strength))
+
     def conditional(self, k: int) -> np.ndarray:
         """``[k] float64`` estimates of ``alpha_1..alpha_k``."""
-        base = self.parent.conditional(k) if self.parent is not None else np.full(k, self.prior)
-        return (self.accepted[:k] + self.strength * base) / (self.reached[:k] + self.strength)
+        return (self.accepted[:k] + self.strength * self.pooled()) / (self.reached[:k] + self.strength)
 
 
 @dataclass(frozen=True)

@@ -187,12 +187,14 @@ def goodness_of_fit(table: CellTable, seqs: Sequence[Sequence[int]]) -> Fit:
 def target_next_dist(engine, prompt_ids: Sequence[int], params: SamplingParams, k: int) -> NextDist:
     """Exact next-token distributions from the target alone, processed like plain decoding.
 
-    Each row is evaluated in a batch shaped like the engine's (the prefill for the empty prefix; the
-    prefix plus filler tokens, ``k+1`` in all, for the others).
+    Each row is evaluated in a batch shaped like the engine's in :func:`sample_prefixes` (the last
+    prompt token alone for the empty prefix; the prefix plus filler tokens, ``k+1`` in all, for the
+    others).
     """
     cache = SequenceCache(engine.target)
     prompt = list(prompt_ids)
-    root = cache.score(prompt, 1)
+    cache.score(prompt, 1)
+    root = cache.score(prompt, 1)  # the last prompt token alone, as sample_prefixes evaluates it
 
     def next_dist(prefix: tuple[int, ...]) -> np.ndarray:
         if prefix:
@@ -212,37 +214,78 @@ def target_next_dist(engine, prompt_ids: Sequence[int], params: SamplingParams, 
     return next_dist
 
 
+def _adopt_caches(req, warm: dict) -> None:
+    """Serve ``req`` from long-lived sequence caches so that the shared prompt stays in the KV caches
+    between samples (:class:`SequenceCache` keeps the longest common prefix, so each sample then
+    evaluates only the last prompt token instead of the whole prompt). A check-only shortcut: it swaps
+    ``Request._target`` and ``DraftModelProposer.cache``; the request's own fresh sequences are freed."""
+    from specdec.proposers import DraftModelProposer
+
+    slots = [("target", req, "_target")]
+    if isinstance(req.proposer, DraftModelProposer):
+        slots.append(("draft", req.proposer, "cache"))
+    for key, owner, attr in slots:
+        own = getattr(owner, attr)
+        assert isinstance(own, SequenceCache), (key, type(own))
+        if key not in warm:  # first use: hold the prompt, so every sample re-evaluates its last token alike
+            warm[key] = SequenceCache(own.backend)
+            warm[key].score(list(req.context), 1)
+        own.free()
+        setattr(owner, attr, warm[key])
+
+
 def sample_prefixes(engine, prompt_ids: Sequence[int], params: SamplingParams, spec: SpecConfig, n: int,
-                    depth: int, progress: Callable[[int], object] | None = None) -> tuple[list[tuple[int, ...]], dict]:
+                    depth: int, progress: Callable[[int], object] | None = None,
+                    reuse_prompt: bool = True) -> tuple[list[tuple[int, ...]], dict]:
     """Sample the first ``depth`` tokens ``n`` times with speculation (``EOG`` ends a sequence early).
 
+    Each sample is a full request (plan / target call / commit) stopped once it has ``depth`` tokens.
     A seeded ``params`` gives sample ``i`` the seed of ``params.replace(n=n).for_sample(i)``.
-    ``progress(1)`` is called after each sample.
+
+    Args:
+        engine: The engine.
+        prompt_ids: ``[L] int`` prompt token ids.
+        params: Sampling settings; ``max_tokens`` is raised so that the first block is never shortened.
+        spec: Proposer settings.
+        n: Samples.
+        depth: Tokens kept per sample.
+        progress: Called with 1 after each sample.
+        reuse_prompt: Keep the prompt's KV cache between samples (same results, much faster on
+            real models; see :func:`_adopt_caches`).
 
     Returns:
-        ``(sequences, stats)``: stats hold ``proposed``, ``accepted`` and ``target_calls`` totals.
+        ``(sequences, stats)``: stats hold ``proposed``, ``accepted``, ``target_calls`` and
+        ``committed`` totals.
     """
     eog = engine.target.eog_ids
     many = params.replace(n=n, max_tokens=max(params.max_tokens, depth + spec.k + 1))
     seqs, totals = [], {"proposed": 0, "accepted": 0, "target_calls": 0, "committed": 0}
-    for i in range(n):
-        req = engine.new_request(list(prompt_ids), many.for_sample(i), spec)
-        try:
-            while not req.finished and len(req.generated) < depth:
-                new, n_logits = req.plan()
-                logits = engine.target.eval({req.seq_id: (new, n_logits)})[req.seq_id]
-                req.commit(new, logits)
-        finally:
-            req.close()
-        seq = tuple(req.generated[:depth])
-        if len(seq) < depth:
-            assert req.context[-1] in eog, "a sample ended early without an end-of-generation token"
-            seq += (EOG,)
-        seqs.append(seq)
-        for key in totals:
-            totals[key] += getattr(req.stats, key)
-        if progress is not None:
-            progress(1)
+    warm: dict = {}
+    try:
+        for i in range(n):
+            req = engine.new_request(list(prompt_ids), many.for_sample(i), spec)
+            try:
+                if reuse_prompt:
+                    _adopt_caches(req, warm)
+                while not req.finished and len(req.generated) < depth:
+                    new, n_logits = req.plan()
+                    logits = engine.target.eval({req.seq_id: (new, n_logits)})[req.seq_id]
+                    req.commit(new, logits)
+            finally:
+                if not reuse_prompt:
+                    req.close()  # with reuse, its only sequences are the shared ones, freed below
+            seq = tuple(req.generated[:depth])
+            if len(seq) < depth:
+                assert req.context[-1] in eog, "a sample ended early without an end-of-generation token"
+                seq += (EOG,)
+            seqs.append(seq)
+            for key in totals:
+                totals[key] += getattr(req.stats, key)
+            if progress is not None:
+                progress(1)
+    finally:
+        for cache in warm.values():
+            cache.free()
     return seqs, totals
 
 

@@ -90,8 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print the result and stats as JSON on stdout")
 
     c = sub.add_parser("check", help="test that speculation reproduces the target's output distribution")
-    c.add_argument("prompt", nargs="?", default="Write a Python function that merges two sorted lists.",
-                   help="the prompt ('-' reads stdin; default: a coding request)")
+    c.add_argument("prompt", nargs="?", default="Tell me a short story about a robot.",
+                   help="the prompt ('-' reads stdin; default: a story request, whose first tokens vary)")
     c.add_argument("--file", help="read the prompt from a file")
     c.add_argument("--raw", action="store_true", help="plain completion: do not apply the chat template")
     _add_model_args(c)
@@ -274,7 +274,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"target {engine.target.name}, draft {engine.draft.name if engine.draft else '-'}; method {spec.method}, "
           f"k={spec.k}, verify {spec.verify}; prompt {len(prompt_ids)} tokens\nsettings             "
           + ", ".join(f"{k}={v}" for k, v in settings.items()))
-    with tqdm(total=args.samples, desc="sampling", unit="sample", file=sys.stderr, leave=False) as bar:
+    bar = tqdm(total=args.samples, desc="sampling", unit="sample", file=sys.stderr, leave=False, disable=None)
+    with bar:
         res = run_check(engine, prompt_ids, params, spec, n_samples=args.samples, depth=args.depth,
                         alpha=args.alpha, progress=bar.update)
     print(res.report())

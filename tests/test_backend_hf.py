@@ -130,6 +130,21 @@ def test_tokenizer_bytes_roundtrip_and_specials(hf_tiny_target):
     assert b.eog_ids == {im_end, b.tokenizer.convert_tokens_to_ids("<|endoftext|>")}
 
 
+def test_sentencepiece_token_bytes():
+    """``▁`` is a space and ``<0xNN>`` one raw byte (Llama 2 / Mistral style tokenizers)."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    from specdec.backends.hf_tokens import TokenTexts
+
+    vocab = {"<unk>": 0, "\u2581hello": 1, "<0xE4>": 2, "<0xB8>": 3, "<0x96>": 4, "a": 5}
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True, unk_token="<unk>"))
+    tk.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    texts = TokenTexts(PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>"), n_vocab=8)
+    assert [texts.token_bytes(i) for i in range(8)] == [b"", b" hello", b"\xe4", b"\xb8", b"\x96", b"a", b"", b""]
+    assert texts.vocab_fingerprint()[0] == 6
+
+
 def test_chat_template(hf_tiny_target, tokenizer):
     out = hf_tiny_target.apply_chat_template([{"role": "user", "content": "hi"}])
     assert out == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"

@@ -68,3 +68,25 @@ def test_generate_takes_the_new_sampling_options(capsys, models):
     data = json.loads(out)
     # token 280 (<|endoftext|>) is pushed by +100 and allowed after min_tokens: exactly 4 tokens
     assert len(data["token_ids"]) == 4 and data["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_prompt_cache_reuse_gives_the_same_samples(models, method):
+    """sample_prefixes keeps the prompt's KV cache between samples: same seeded samples as fresh
+    requests, and no sequence left behind."""
+    from conftest import tiny_backend
+
+    from specdec.check import sample_prefixes
+    from specdec.engine import Engine
+    from specdec.types import SamplingParams, SpecConfig
+
+    args = models[0]
+    with tiny_backend(args[1], n_ctx=128) as target, tiny_backend(args[3], n_ctx=128) as draft:
+        eng = Engine(target, draft, SpecConfig(method="draft"))
+        ids = eng.encode_prompt("The quick brown fox jumps over the lazy dog")
+        params = SamplingParams(temperature=1.0, presence_penalty=-1.0, min_tokens=1, seed=4)
+        spec = SpecConfig(method=method, num_speculative_tokens=3, verify="block")
+        fresh = sample_prefixes(eng, ids, params, spec, 30, 3, reuse_prompt=False)
+        reused = sample_prefixes(eng, ids, params, spec, 30, 3)
+        assert fresh == reused
+        assert target.sequences == () and draft.sequences == ()

@@ -97,10 +97,15 @@ class SequenceCache:
         logits are wanted, which must be evaluated anew.
         """
         assert 1 <= n_logits <= len(tokens), (n_logits, len(tokens))
-        common = 0
         limit = min(len(self.tokens), len(tokens) - n_logits)
-        while common < limit and self.tokens[common] == tokens[common]:
-            common += 1
+        # The usual case (the cache holds a prefix of tokens up to limit) in one C-level comparison
+        # instead of a Python loop over the whole context; the loop only runs after a real divergence.
+        if self.tokens[:limit] == list(tokens[:limit]):
+            common = limit
+        else:
+            common = 0
+            while common < limit and self.tokens[common] == tokens[common]:
+                common += 1
         if common < len(self.tokens):
             self.backend.truncate(self.seq_id, common)
             del self.tokens[common:]

@@ -5,6 +5,8 @@ forward pass and computes the LM head only for the positions whose logits are wa
 (``logits_to_keep``), so a prefill costs one vocabulary projection and a verification k+1. Rollback is
 ``DynamicCache.crop``: it drops the rejected positions by slicing, and the next forward appends after
 them. Several sequences in one call are evaluated one forward pass each (no left-padded batching yet).
+Models with sliding-window attention layers are untested: transformers refuses to crop such a layer once
+its window is full.
 
 Works on CPU and CUDA in float32, bfloat16 or float16; logits are returned as float32 numpy arrays,
 so the sampling and verification math (:mod:`specdec.sampling`, :mod:`specdec.verify`) is the one
@@ -17,52 +19,14 @@ which tokens a cache should hold (that is :class:`~specdec.backends.base.Sequenc
 
 from __future__ import annotations
 
-import hashlib
 import inspect
-import json
-import re
-import struct
 from typing import Sequence
 
 import numpy as np
 import torch
 
 from specdec.backends.base import BackendError
-
-_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
-
-
-def byte_level_decoder() -> dict[str, int]:
-    """GPT-2's byte-level BPE alphabet inverted: printable symbol -> byte (``"Ġ"`` -> 0x20).
-
-    Byte-level tokenizers (GPT-2, Qwen, Llama 3) store each byte of a token as one printable character;
-    this table maps a token's characters back to its raw bytes (Radford et al. 2019, GPT-2's
-    ``bytes_to_unicode``).
-    """
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
-def _decoder_kind(tokenizer) -> str:
-    """``"byte_level"``, ``"sentencepiece"`` (``▁`` for space, ``<0xNN>`` byte fallback) or ``"decode"``."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    decoder = getattr(backend, "decoder", None)
-    if decoder is None:
-        return "decode"
-    state = json.loads(decoder.__getstate__())
-    types = {state.get("type")} | {d.get("type") for d in state.get("decoders", [])}
-    if "ByteLevel" in types:
-        return "byte_level"
-    if types & {"ByteFallback", "Metaspace", "Replace"}:
-        return "sentencepiece"
-    return "decode"
+from specdec.backends.hf_tokens import TokenTexts
 
 
 def _new_cache(config):
@@ -106,7 +70,6 @@ class HFBackend:
         self.n_seq_max = n_seq_max
         self.n_vocab = int(model.get_output_embeddings().weight.shape[0])
         self.eog_ids = frozenset(self._eog_ids())
-        self._unused = frozenset(int(i) for i in unused_token_ids)
         params = inspect.signature(model.forward).parameters
         # transformers renamed num_logits_to_keep (4.45) to logits_to_keep (4.50); both mean "last n rows"
         self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
@@ -115,14 +78,7 @@ class HFBackend:
         self._free_ids = list(range(n_seq_max))
         self._caches: dict[int, object] = {}
         self._lengths: dict[int, int] = {}
-        self._kind = _decoder_kind(tokenizer)
-        self._byte_decoder = byte_level_decoder()
-        self._piece_cache: dict[int, bytes] = {}
-        self._fingerprint: tuple[int, str] | None = None
-        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-        self._special = {int(i) for i, t in added.items() if getattr(t, "special", False)}
-        self._special |= {int(i) for i in tokenizer.all_special_ids}
-        self._added_text = {int(i): str(t.content if hasattr(t, "content") else t) for i, t in added.items()}
+        self._texts = TokenTexts(tokenizer, self.n_vocab, unused_token_ids)
 
     @classmethod
     def load(cls, source: str, *, device: str = "cpu", dtype: str = "float32", n_ctx: int = 4096,
@@ -150,8 +106,8 @@ class HFBackend:
                    unused_token_ids=L.unused_token_ids(checkpoint))
 
     def _eog_ids(self) -> set[int]:
-        """End-of-generation ids: the generation config's ``eos_token_id`` (int or list) and the
-        tokenizer's eos token, as transformers' ``generate`` stops on them."""
+        """End-of-generation ids: the generation config's ``eos_token_id`` (int or list; what
+        transformers' ``generate`` stops on) and the tokenizer's eos token."""
         ids: set[int] = set()
         gen = getattr(self.model, "generation_config", None)
         eos = getattr(gen, "eos_token_id", None) if gen is not None else None
@@ -290,59 +246,14 @@ class HFBackend:
         return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=not special))
 
     def token_bytes(self, token_id: int) -> bytes:
-        """The raw bytes of one token (may be part of a UTF-8 character).
-
-        Byte-level BPE symbols are mapped back to bytes (``"Ġ"`` -> ``b" "``); SentencePiece pieces
-        give ``▁`` -> space and ``<0xNN>`` -> that byte. Special (control) tokens give ``b""``, as the
-        llama.cpp backend renders them; other added tokens give their text.
-        """
-        piece = self._piece_cache.get(token_id)
-        if piece is None:
-            piece = self._piece_cache[token_id] = self._render(token_id)
-        return piece
-
-    def _render(self, token_id: int) -> bytes:
-        if token_id in self._special or not 0 <= token_id < len(self.tokenizer):
-            return b""
-        if token_id in self._added_text:
-            return self._added_text[token_id].encode("utf-8")
-        if self._kind == "decode":
-            return self.tokenizer.decode([token_id]).encode("utf-8")
-        token = self.tokenizer.convert_ids_to_tokens(token_id)
-        if token is None:
-            return b""
-        if self._kind == "byte_level":
-            table = self._byte_decoder
-            if all(c in table for c in token):
-                return bytes(table[c] for c in token)
-            return token.encode("utf-8")
-        m = _BYTE_TOKEN.match(token)
-        return bytes([int(m.group(1), 16)]) if m else token.replace("\u2581", " ").encode("utf-8")
+        """The raw bytes of one token (may be part of a UTF-8 character); see
+        :meth:`~specdec.backends.hf_tokens.TokenTexts.token_bytes`."""
+        return self._texts.token_bytes(token_id)
 
     def vocab_fingerprint(self) -> tuple[int, str]:
-        """``(n_real_tokens, sha256 hex)`` of the vocabulary, for matching a draft to a target.
-
-        Real tokens are the tokenizer's ids below ``n_vocab`` that are not padding (the logits' extra
-        rows past the tokenizer, e.g. 151,936 or 152,064 rows for Qwen's 151,665 tokens, and a
-        dequantized GGUF's ``[PAD...]`` tokens), so models that differ only in padding match. The
-        digest covers each real token's id and stored text and the eos/bos/pad ids.
-        """
-        if self._fingerprint is None:
-            h, n_real = hashlib.sha256(), 0
-            n = min(self.n_vocab, len(self.tokenizer))
-            texts = self.tokenizer.convert_ids_to_tokens(list(range(n)))
-            for i, text in enumerate(texts):
-                if i in self._unused or text is None:
-                    continue
-                data = text.encode("utf-8")
-                h.update(struct.pack("<ii", i, len(data)))
-                h.update(data)
-                n_real += 1
-            tok = self.tokenizer
-            specials = [tok.eos_token_id, tok.bos_token_id, tok.pad_token_id]
-            h.update(struct.pack("<3i", *(-1 if x is None else int(x) for x in specials)))
-            self._fingerprint = (n_real, h.hexdigest())
-        return self._fingerprint
+        """``(n_real_tokens, sha256 hex)``, padding left out; see
+        :meth:`~specdec.backends.hf_tokens.TokenTexts.vocab_fingerprint`."""
+        return self._texts.vocab_fingerprint()
 
     # -- chat template -------------------------------------------------------------------------
 

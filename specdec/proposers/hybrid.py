@@ -29,51 +29,15 @@ from specdec.adaptive import AcceptanceStats, Choice, CostModel, PredictionLog, 
 from specdec.backends.base import Backend
 from specdec.proposers.base import EMPTY_PROPOSAL, PROPOSERS, Proposal, register
 from specdec.proposers.draft_model import DraftModelProposer
+from specdec.proposers.ngram import NgramIndex
 from specdec.types import SamplingParams
 
 RULE_THRESHOLD = 0.5
 """``hybrid`` drafts while the estimated acceptance of the next position is at least this."""
 
-
-class NgramIndex:
-    """The newest earlier occurrence of every n-gram (``n_min <= n <= n_max``) of a growing sequence.
-
-    Updating costs O(new tokens * n_max) and a lookup O(n_max), instead of a scan of the whole context.
-
-    Args:
-        n_min: Shortest suffix matched.
-        n_max: Longest suffix matched (tried first).
-    """
-
-    def __init__(self, n_min: int = 1, n_max: int = 3):
-        self.n_min, self.n_max = n_min, n_max
-        self.tokens: list[int] = []
-        self._end: list[dict[tuple, int]] = [{} for _ in range(n_max + 1)]  # n -> n-gram -> end index
-
-    def sync(self, context: Sequence[int]) -> None:
-        """Bring the index up to ``context``: append its new tokens (rebuild if it is not an extension)."""
-        old = len(self.tokens)
-        if old > len(context) or (old and context[old - 1] != self.tokens[-1]):
-            self.tokens, self._end, old = [], [{} for _ in range(self.n_max + 1)], 0
-        self.tokens.extend(context[old:])
-        toks = self.tokens
-        # an occurrence ending at e (exclusive) is usable once toks[e] exists: e <= len - 1
-        for e in range(max(old, 1), len(toks)):
-            for n in range(self.n_min, min(self.n_max, e) + 1):
-                self._end[n][tuple(toks[e - n : e])] = e
-
-    def lookup(self, k: int) -> tuple[list[int], int]:
-        """Up to ``k`` tokens that followed the newest earlier occurrence of the longest matching suffix.
-
-        Returns:
-            ``(tokens, n)``: the continuation and the matched suffix length; ``([], 0)`` for no match.
-        """
-        toks, size = self.tokens, len(self.tokens)
-        for n in range(min(self.n_max, size - 1), self.n_min - 1, -1):
-            e = self._end[n].get(tuple(toks[size - n :]))
-            if e is not None:
-                return toks[e : e + k], n
-        return [], 0
+DRAFT_MARGIN = 1.05
+"""``auto`` considers the draft model only if, with every draft accepted, it would beat plain decoding by
+this factor: a draft that cannot gain 5% even then is not worth its prefill and probes."""
 
 
 def _leading(accept: np.ndarray, threshold: float) -> int:
@@ -174,7 +138,7 @@ class HybridProposer:
             cost = lambda j: cm.draft_seconds(j, catchup, greedy)  # noqa: E731
             c = cm.best_k(self.stats("draft").conditional(k), cost, greedy)
             ub = cm.best_k(np.ones(k), cost, greedy)  # perfect acceptance: could the draft ever pay?
-            if c is not None and ub is not None and ub.rate > plain.rate:
+            if c is not None and ub is not None and ub.rate > DRAFT_MARGIN * plain.rate:
                 options.append(dataclasses.replace(c, source="draft"))
         best = max(options, key=lambda c: c.rate, default=None)
         if best is not None and best.rate > plain.rate:

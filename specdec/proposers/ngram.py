@@ -2,8 +2,11 @@
 
 Matches the last ``n`` tokens of the context, ``n`` from ``ngram_max`` down to ``ngram_min``,
 anywhere earlier in prompt + output, newest match first, and proposes up to ``k`` tokens that followed
-the match. The proposal is a point mass (``probs=None``): the verifier accepts draft token x with
-probability p(x). It costs no model call, so proposing nothing simply falls back to a plain step.
+the match. :class:`NgramIndex` keeps the newest occurrence of every n-gram up to date as the context
+grows, so a step costs O(new tokens), not a scan of the whole context (:func:`find_ngram_continuation`,
+the reference it agrees with). The proposal is a point mass (``probs=None``): the verifier accepts draft
+token x with probability p(x). It costs no model call, so proposing nothing simply falls back to a plain
+step.
 """
 
 from __future__ import annotations
@@ -41,6 +44,47 @@ def find_ngram_continuation(context: np.ndarray, k: int, ngram_max: int, ngram_m
     return []
 
 
+class NgramIndex:
+    """The newest earlier occurrence of every n-gram (``n_min <= n <= n_max``) of a growing sequence.
+
+    Updating costs O(new tokens * n_max) and a lookup O(n_max), instead of a scan of the whole context.
+
+    Args:
+        n_min: Shortest suffix matched.
+        n_max: Longest suffix matched (tried first).
+    """
+
+    def __init__(self, n_min: int = 1, n_max: int = 3):
+        self.n_min, self.n_max = n_min, n_max
+        self.tokens: list[int] = []
+        self._end: list[dict[tuple, int]] = [{} for _ in range(n_max + 1)]  # n -> n-gram -> end index
+
+    def sync(self, context: Sequence[int]) -> None:
+        """Bring the index up to ``context``: append its new tokens (rebuild if it is not an extension)."""
+        old = len(self.tokens)
+        if old > len(context) or (old and context[old - 1] != self.tokens[-1]):
+            self.tokens, self._end, old = [], [{} for _ in range(self.n_max + 1)], 0
+        self.tokens.extend(context[old:])
+        toks = self.tokens
+        # an occurrence ending at e (exclusive) is usable once toks[e] exists: e <= len - 1
+        for e in range(max(old, 1), len(toks)):
+            for n in range(self.n_min, min(self.n_max, e) + 1):
+                self._end[n][tuple(toks[e - n : e])] = e
+
+    def lookup(self, k: int) -> tuple[list[int], int]:
+        """Up to ``k`` tokens that followed the newest earlier occurrence of the longest matching suffix.
+
+        Returns:
+            ``(tokens, n)``: the continuation and the matched suffix length; ``([], 0)`` for no match.
+        """
+        toks, size = self.tokens, len(self.tokens)
+        for n in range(min(self.n_max, size - 1), self.n_min - 1, -1):
+            e = self._end[n].get(tuple(toks[size - n :]))
+            if e is not None:
+                return toks[e : e + k], n
+        return [], 0
+
+
 @register("ngram")
 class NgramProposer:
     """Prompt-lookup proposer.
@@ -53,6 +97,7 @@ class NgramProposer:
     def __init__(self, ngram_max: int = 3, ngram_min: int = 1, **_: object):
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
+        self.index = NgramIndex(ngram_min, ngram_max)
 
     def prepare(self, context: Sequence[int]) -> None:
         """Nothing to prefill."""
@@ -63,7 +108,8 @@ class NgramProposer:
         """Propose the continuation of the newest suffix match (a point mass, ``probs=None``)."""
         if k <= 0:
             return EMPTY_PROPOSAL
-        tokens = find_ngram_continuation(np.asarray(context, dtype=np.int64), k, self.ngram_max, self.ngram_min)
+        self.index.sync(context)
+        tokens, _ = self.index.lookup(k)
         return Proposal(tokens=tokens) if tokens else EMPTY_PROPOSAL
 
     def observe(self, context: Sequence[int], num_proposed: int, num_accepted: int) -> None:

