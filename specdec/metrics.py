@@ -32,8 +32,9 @@ class ServerMetrics:
     def __init__(self, num_waiting: Callable[[], int] = lambda: 0, num_running: Callable[[], int] = lambda: 0):
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
-            "specdec_requests", "Requests that left the running batch, by finish_reason: stop (end-of-generation "
-            "token or stop string), length (max_tokens or the context reached), cancelled (client gone), error.",
+            "specdec_requests", "Requests that ended, by finish_reason: stop (end-of-generation token or stop "
+            "string), length (max_tokens or the context reached), cancelled (client gone, while waiting or "
+            "running), error (failed in the engine).",
             ["finish_reason"], registry=r)
         self.rejected = Counter(
             "specdec_requests_rejected", "Requests refused before queuing, by reason: queue_full (HTTP 429), "

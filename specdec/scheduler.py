@@ -237,6 +237,7 @@ class Scheduler:
         if not planned:
             return
         target = self.engine.target
+        t0 = time.perf_counter()
         try:
             logits = target.eval({s: (new, n) for s, (_, new, n) in planned.items()})
         except Exception:
@@ -256,6 +257,8 @@ class Scheduler:
                 self._fail(job, e)
                 continue
             now = time.perf_counter()
+            if len(planned) == 1:  # the cost model's S(n) (method auto): a lone request's step is all its own
+                self.engine.cost.observe_target(len(new), now - t0, job.request.params.greedy)
             if self.metrics is not None:
                 self.metrics.step(job, chunk, now)
             if chunk.token_ids:

@@ -128,12 +128,11 @@ def verify_speculative(
 
 def _excess(weight: float, p: np.ndarray, q: np.ndarray | None, x: int) -> np.ndarray:
     """``[V] float64`` max(0, weight * p - q), with ``q = one-hot(x)`` when ``q`` is None."""
-    r = weight * p
+    r = weight * p  # a new array
     if q is None:
-        r = r.copy()
         r[x] -= 1.0
     else:
-        r = r - q
+        r -= q
     return np.maximum(r, 0.0)
 
 

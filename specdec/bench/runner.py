@@ -110,7 +110,7 @@ class _Runner:
         self.target_path = resolve_model(cfg.target or DEFAULT_TARGET, progress=cfg.progress)
         self.draft_path = resolve_model(cfg.draft or DEFAULT_DRAFT, progress=cfg.progress)
         self.engine = load_engine(str(self.target_path), str(self.draft_path), SpecConfig(method="auto"),
-                                  n_ctx=cfg.n_ctx, n_seq_max=2, n_threads=cfg.threads, progress=cfg.progress)
+                                  n_ctx=cfg.n_ctx, n_seq_max=1, n_threads=cfg.threads, progress=cfg.progress)
         self.threads = self.engine.target.n_threads
         self.raw = self.servers = None
         self.methods = list(cfg.methods)

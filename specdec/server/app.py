@@ -190,9 +190,8 @@ async def _collect(choices: serving.Choices, raw: Request):
         await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
-        if not done.done():
-            done.cancel()
-            choices.cancel()
+        done.cancel()
+        choices.cancel()  # no-op for finished choices; stops the others when one failed
     if not done.done() or done.cancelled():
         raise APIError(499, "client disconnected")
     return done.result()

@@ -19,8 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
 
-_TYPES = {401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error",
-          429: "rate_limit_error", 503: "service_unavailable"}
+_TYPES = {401: "authentication_error", 429: "rate_limit_error", 503: "service_unavailable"}
 
 
 class APIError(Exception):
