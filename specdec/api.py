@@ -27,7 +27,7 @@ def load_engine(
     Args:
         target: A known model name (see ``specdec models``) or a GGUF path; default: the default target.
         draft: Likewise for the draft model; default: the default draft.
-        spec: Proposer settings; default: draft model, k=4.
+        spec: Proposer settings; default: method auto (n-gram lookup and the draft model, k by cost).
         n_ctx: Context window per sequence, tokens.
         n_seq_max: Sequences (concurrent requests) one context holds.
         n_threads: CPU threads; default: physical cores.
@@ -79,7 +79,7 @@ def _backend_loader(backend: str, device: str | None, dtype: str | None, **kwarg
 
 @functools.lru_cache(maxsize=2)
 def _cached_engine(target: str | None, draft: str | None, n_ctx: int) -> Engine:
-    return load_engine(target, draft, SpecConfig(method="draft"), n_ctx=n_ctx)
+    return load_engine(target, draft, SpecConfig(method="auto"), n_ctx=n_ctx)
 
 
 def stream(
@@ -87,8 +87,8 @@ def stream(
     *,
     target: str | None = None,
     draft: str | None = None,
-    method: str = "draft",
-    num_speculative_tokens: int = 4,
+    method: str = "auto",
+    num_speculative_tokens: int | None = None,
     chat: bool = True,
     n_ctx: int = 4096,
     **sampling,

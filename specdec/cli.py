@@ -1,4 +1,4 @@
-"""The ``specdec`` command line: ``generate``, ``models``, ``serve`` and ``check``.
+"""The ``specdec`` command line: ``generate``, ``models``, ``serve``, ``check`` and ``bench``.
 
 Every error a user can cause becomes one line on stderr and a non-zero exit, never a traceback.
 Generated text goes to stdout; statistics go to stderr, so the text can be piped.
@@ -29,10 +29,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--method", choices=["auto", "hybrid", "draft", "ngram", "none"], default="draft",
-                   help="proposer (default draft); auto: k chosen each step by a cost model, 0 included")
+    p.add_argument("--method", choices=["auto", "hybrid", "draft", "ngram", "none"], default="auto",
+                   help="proposer (default auto: n-gram lookup or the draft model, k chosen each step by a cost "
+                        "model, 0 = plain when speculation does not pay)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=None,
-                   help="draft tokens per target call (default 4); the cap for hybrid (8) and auto (16)")
+                   help="draft tokens per target call: draft/ngram 4; the cap for hybrid (8) and auto (16)")
     p.add_argument("--draft-p-min", type=float, default=0.0,
                    help="draft early stop: stop drafting below this draft probability (default 0 = off)")
     p.add_argument("--verify", choices=["token", "block"], default="token",

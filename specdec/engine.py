@@ -32,7 +32,7 @@ class Engine:
     def __init__(self, target: Backend, draft: Backend | None = None, spec: SpecConfig | None = None):
         self.target = target
         self.draft = draft
-        self.spec = spec or SpecConfig(method="draft" if draft is not None else "ngram")
+        self.spec = spec or SpecConfig()  # auto: n-gram lookup, the draft model if any, k by cost
         if draft is not None:
             check_vocab_compatible(target, draft)
         if self.spec.method == "draft" and draft is None:

@@ -84,12 +84,7 @@ class Scheduler:
     """
 
     def __init__(self, engine, max_running: int = 8, max_waiting: int = 64, metrics=None):
-        if max_running < 1 or max_waiting < 0:
-            raise ValueError(f"need max_running >= 1 and max_waiting >= 0, got {max_running}, {max_waiting}")
-        for backend in (engine.target, engine.draft):
-            n_seq = getattr(backend, "n_seq_max", max_running)
-            if n_seq < max_running:
-                raise ValueError(f"{backend.name} holds {n_seq} sequences, fewer than max_running={max_running}")
+        self.check_capacity(engine, max_running, max_waiting)
         self.engine = engine
         self.max_running = max_running
         self.max_waiting = max_waiting
@@ -100,6 +95,16 @@ class Scheduler:
         self._closing = False
         self._thread = threading.Thread(target=self._loop, name="specdec-scheduler", daemon=True)
         self._thread.start()
+
+    @staticmethod
+    def check_capacity(engine, max_running: int, max_waiting: int = 0) -> None:
+        """Raise ValueError unless the limits are valid and every backend holds ``max_running`` sequences."""
+        if max_running < 1 or max_waiting < 0:
+            raise ValueError(f"need max_running >= 1 and max_waiting >= 0, got {max_running}, {max_waiting}")
+        for backend in (engine.target, engine.draft):
+            n_seq = getattr(backend, "n_seq_max", max_running)
+            if n_seq < max_running:
+                raise ValueError(f"{backend.name} holds {n_seq} sequences, fewer than max_running={max_running}")
 
     # -- consumer side (any thread) -------------------------------------------------------------
     @property

@@ -189,7 +189,7 @@ class SpecConfig:
         ValueError: On an unknown method or verifier, or an out-of-range number.
     """
 
-    method: Method = "draft"
+    method: Method = "auto"
     num_speculative_tokens: int | None = None
     ngram_max: int = 3
     ngram_min: int = 1

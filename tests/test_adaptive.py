@@ -273,3 +273,31 @@ def test_spec_config_defaults_and_validation():
         SpecConfig(draft_p_min=1.5)
     with pytest.raises(ValueError, match="unknown method"):
         SpecConfig(method="magic")
+
+
+# -- the real pair ------------------------------------------------------------------------------------
+
+
+@pytest.mark.real
+def test_auto_and_hybrid_match_plain_on_the_real_pair():
+    """auto/hybrid greedy output equals plain up to the first near-tie (see test_real_pair), on a chat
+    prompt and a code-edit prompt, and the engine's cost model has measured the target and the draft."""
+    from test_real_pair import DATA, confident_prefix, first_divergence
+
+    from specdec.api import load_engine
+    from specdec.bench.prompts import load_prompts
+
+    if not (DATA / "spec_bench" / "question.jsonl").exists():
+        pytest.skip(f"benchmark data not found at {DATA}")
+    engine = load_engine(spec=SpecConfig(method="auto"), n_ctx=2048, n_seq_max=1, progress=False)
+    params = SamplingParams(max_tokens=48)
+    for p in load_prompts(DATA, per_category=1, categories=("qa", "code-edit")):
+        ids = engine.encode_prompt(p.text, chat=True)
+        plain = engine.generate(ids, params, SpecConfig(method="none"))
+        safe = min(confident_prefix(engine, ids, plain.token_ids), len(plain.token_ids))
+        for method in ("auto", "hybrid"):
+            res = engine.generate(ids, params, SpecConfig(method=method))
+            assert first_divergence(plain.token_ids, res.token_ids) >= safe, (p.category, method)
+            assert res.stats.adaptive["steps"]
+    assert engine.cost.target[True].count[1] > 0
+    assert engine.cost.draft_token.count[1] > 0  # hybrid drafted with the draft model on the qa prompt

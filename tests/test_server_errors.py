@@ -140,7 +140,8 @@ speculative = st.one_of(values, st.fixed_dictionaries({}, optional={
     "method": st.sampled_from(["draft", "ngram", "none", "x"]), "num_speculative_tokens": st.integers(-2, 70)}))
 FIELDS = {
     "model": st.one_of(st.just("tiny"), values), "max_tokens": st.one_of(st.integers(-2, LIMIT + 2), values),
-    "temperature": values, "top_p": values, "top_k": values, "min_p": values, "n": st.one_of(st.integers(-1, 4), values),
+    "temperature": values, "top_p": values, "top_k": values, "min_p": values,
+    "n": st.one_of(st.integers(-1, 4), values),
     "stop": values, "seed": values, "stream": st.one_of(st.booleans(), values),
     "stream_options": st.one_of(values, st.fixed_dictionaries({"include_usage": st.booleans()})),
     "logprobs": values, "top_logprobs": values, "presence_penalty": values, "frequency_penalty": values,

@@ -128,7 +128,7 @@ def dequantize_gguf(path: Path, folder: Path) -> None:
             model.generation_config.save_pretrained(tmp)
         save_model(model, str(tmp / "model.safetensors"))
         tokenizer.save_pretrained(tmp)
-        meta = {"gguf": path.name, "sha256": folder.name.rsplit("-", 1)[-1],
+        meta = {"gguf": path.name, "sha256_prefix": folder.name.rsplit("-", 1)[-1],
                 "unused_token_ids": gguf_unused_token_ids(path)}
         (tmp / _VOCAB_META).write_text(json.dumps(meta))
         tmp.chmod(0o755)

@@ -26,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from specdec.metrics import ServerMetrics
 from specdec.scheduler import Scheduler
-from specdec.server import serving
+from specdec.server import logprobs, serving
 from specdec.server.errors import APIError, LimitsMiddleware, error_body, install_error_handlers
 from specdec.server.protocol import (
     ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse, ErrorResponse,
@@ -68,6 +68,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
     Raises:
         ValueError: when the engine's backends hold fewer sequences than ``config.max_running``.
     """
+    Scheduler.check_capacity(engine, config.max_running, config.max_waiting)
     limits = serving.Limits(
         max_prompt_tokens=min(config.max_prompt_tokens or engine.n_ctx - 1, engine.n_ctx - 1),
         max_tokens=config.max_tokens or engine.n_ctx, max_choices=config.max_choices,
@@ -135,15 +136,16 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         choices = await start(req, prompts, kwargs, spec, default_max=16)
         head = {"id": f"cmpl-{secrets.token_hex(12)}", "object": "text_completion", "created": int(time.time()),
                 "model": config.model_name}
-        offsets = [serving.TextOffsets() for _ in choices.jobs]
+        offsets = [logprobs.TextOffsets() for _ in choices.jobs]
 
         def choice(i: int, text: str, lps, finish: str | None) -> dict:
-            logprobs = serving.completion_logprobs(engine, lps, offsets[i])
-            return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}
+            lp = logprobs.completion_logprobs(engine, lps, offsets[i])
+            return {"index": i, "text": text, "logprobs": lp, "finish_reason": finish}
 
         if req.stream:
-            return _sse(_stream(choices, req, head, prompts, spec, content=lambda i, ev: choice(i, ev.text, ev.logprobs,
-                                None), final=lambda i, reason: choice(i, "", None, reason), first=None))
+            return _sse(_stream(choices, req, head, prompts, spec,
+                                content=lambda i, ev: choice(i, ev.text, ev.logprobs, None),
+                                final=lambda i, reason: choice(i, "", None, reason), first=None))
         results = await _collect(choices, raw)
         return CompletionResponse(
             **head, usage=serving.usage(prompts, results), speculative=serving.speculative_stats(spec, results),
@@ -159,7 +161,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
                 "created": int(time.time()), "model": config.model_name}
 
         def delta(i: int, d: dict, lps=None, finish: str | None = None) -> dict:
-            return {"index": i, "delta": d, "logprobs": serving.chat_logprobs(engine, lps), "finish_reason": finish}
+            return {"index": i, "delta": d, "logprobs": logprobs.chat_logprobs(engine, lps), "finish_reason": finish}
 
         if req.stream:
             return _sse(_stream(choices, req, head, prompts, spec,
@@ -171,7 +173,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
             **{**head, "object": "chat.completion"}, usage=serving.usage(prompts, results),
             speculative=serving.speculative_stats(spec, results),
             choices=[{"index": i, "message": {"content": r.text}, "finish_reason": r.finish_reason,
-                      "logprobs": serving.chat_logprobs(engine, r.logprobs)} for i, r in enumerate(results)],
+                      "logprobs": logprobs.chat_logprobs(engine, r.logprobs)} for i, r in enumerate(results)],
         )
 
     return app

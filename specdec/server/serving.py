@@ -3,14 +3,14 @@
 Fields are mapped onto :class:`~specdec.types.SamplingParams` by name (``max_completion_tokens`` is an
 alias of ``max_tokens``), so a sampling parameter added to the engine is served without changes here;
 an OpenAI field the engine lacks is refused with 400 when set, never silently ignored. ``n`` choices are
-``n`` independent requests (choice ``i`` gets ``seed + i``). Each choice streams its chunks through an
+``n`` independent requests (choice ``i`` runs with ``SamplingParams.for_sample(i)``: derived seeds). Unknown
+fields that are neither OpenAI's nor SamplingParams' are ignored, as vLLM does. Each choice streams its chunks through an
 asyncio queue fed by the scheduler thread; leaving the stream (client gone) cancels every choice.
 """
 
 from __future__ import annotations
 
 import asyncio
-import codecs
 import dataclasses
 import functools
 import typing
@@ -284,53 +284,3 @@ def engine_error(e: BaseException) -> APIError:
         return APIError(400, str(e))
     return APIError(500, f"generation failed: {e}", type="server_error")
 
-
-def _token_entry(engine, token_id: int, logprob: float) -> dict:
-    data = engine.target.token_bytes(token_id)
-    try:
-        token = data.decode("utf-8")
-    except UnicodeDecodeError:  # part of a character: OpenAI's "bytes:\\xNN" spelling keeps tokens distinct
-        token = "bytes:" + "".join(f"\\x{b:02x}" for b in data)
-    # -9999 instead of -inf, as vLLM does: JSON has no infinity
-    return {"token": token, "logprob": max(logprob, -9999.0), "bytes": list(data)}
-
-
-def chat_logprobs(engine, lps) -> dict | None:
-    """Chat's ``logprobs`` object (``{"content": [...], "refusal": null}``) for some generated tokens."""
-    if lps is None:
-        return None
-    content = [{**_token_entry(engine, x.token_id, x.logprob),
-                "top_logprobs": [_token_entry(engine, t, lp) for t, lp in x.top_logprobs]} for x in lps]
-    return {"content": content, "refusal": None}
-
-
-class TextOffsets:
-    """Character offset of each generated token in a choice's text (UTF-8 decoded incrementally, so a
-    token holding part of a character adds nothing until the character is complete)."""
-
-    def __init__(self):
-        self.offset = 0
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def next(self, data: bytes) -> int:
-        """The offset of a token with bytes ``data``; advances past it."""
-        at = self.offset
-        self.offset += len(self._decoder.decode(data))
-        return at
-
-
-def completion_logprobs(engine, lps, offsets: TextOffsets) -> dict | None:
-    """The completions API's ``logprobs`` object for some generated tokens: tokens, their logprobs,
-    the top alternatives (the sampled token always included, as OpenAI does) and text offsets."""
-    if lps is None:
-        return None
-    out: dict = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    for x in lps:
-        e = _token_entry(engine, x.token_id, x.logprob)
-        top = {(a := _token_entry(engine, t, lp))["token"]: a["logprob"] for t, lp in x.top_logprobs}
-        top.setdefault(e["token"], e["logprob"])
-        out["tokens"].append(e["token"])
-        out["token_logprobs"].append(e["logprob"])
-        out["top_logprobs"].append(top)
-        out["text_offset"].append(offsets.next(bytes(e["bytes"])))
-    return out
