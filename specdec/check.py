@@ -23,8 +23,9 @@ the command line.
 
 from __future__ import annotations
 
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -214,24 +215,40 @@ def target_next_dist(engine, prompt_ids: Sequence[int], params: SamplingParams, 
     return next_dist
 
 
-def _adopt_caches(req, warm: dict) -> None:
-    """Serve ``req`` from long-lived sequence caches so that the shared prompt stays in the KV caches
-    between samples (:class:`SequenceCache` keeps the longest common prefix, so each sample then
-    evaluates only the last prompt token instead of the whole prompt). A check-only shortcut: it swaps
-    ``Request._target`` and ``DraftModelProposer.cache``; the request's own fresh sequences are freed."""
+def _draft_proposer(proposer):
+    """The :class:`DraftModelProposer` a request drafts with (itself, or inside a hybrid), or None."""
     from specdec.proposers import DraftModelProposer
 
+    if isinstance(proposer, DraftModelProposer):
+        return proposer
+    inner = getattr(proposer, "draft", None)
+    return inner if isinstance(inner, DraftModelProposer) else None
+
+
+@contextmanager
+def _shared_prompt_caches(req, warm: dict) -> Iterator[None]:
+    """Serve ``req`` from long-lived sequence caches that hold the prompt, so that each sample evaluates
+    only the last prompt token instead of the whole prompt (:class:`SequenceCache` keeps the longest
+    common prefix). A check-only shortcut: it swaps ``Request._target`` and the draft proposer's
+    ``cache`` for the duration, then puts the request's own (unused) caches back for ``close()``."""
     slots = [("target", req, "_target")]
-    if isinstance(req.proposer, DraftModelProposer):
-        slots.append(("draft", req.proposer, "cache"))
-    for key, owner, attr in slots:
-        own = getattr(owner, attr)
-        assert isinstance(own, SequenceCache), (key, type(own))
-        if key not in warm:  # first use: hold the prompt, so every sample re-evaluates its last token alike
-            warm[key] = SequenceCache(own.backend)
-            warm[key].score(list(req.context), 1)
-        own.free()
-        setattr(owner, attr, warm[key])
+    draft = _draft_proposer(req.proposer)
+    if draft is not None:
+        slots.append(("draft", draft, "cache"))
+    swapped = []
+    try:
+        for key, owner, attr in slots:
+            own = getattr(owner, attr)
+            assert isinstance(own, SequenceCache), (key, type(own))
+            if key not in warm:
+                warm[key] = SequenceCache(own.backend)
+                warm[key].score(list(req.context), 1)
+            setattr(owner, attr, warm[key])
+            swapped.append((owner, attr, own))
+        yield
+    finally:
+        for owner, attr, own in swapped:
+            setattr(owner, attr, own)
 
 
 def sample_prefixes(engine, prompt_ids: Sequence[int], params: SamplingParams, spec: SpecConfig, n: int,
@@ -251,7 +268,7 @@ def sample_prefixes(engine, prompt_ids: Sequence[int], params: SamplingParams, s
         depth: Tokens kept per sample.
         progress: Called with 1 after each sample.
         reuse_prompt: Keep the prompt's KV cache between samples (same results, much faster on
-            real models; see :func:`_adopt_caches`).
+            real models; see :func:`_shared_prompt_caches`).
 
     Returns:
         ``(sequences, stats)``: stats hold ``proposed``, ``accepted``, ``target_calls`` and
@@ -265,15 +282,13 @@ def sample_prefixes(engine, prompt_ids: Sequence[int], params: SamplingParams, s
         for i in range(n):
             req = engine.new_request(list(prompt_ids), many.for_sample(i), spec)
             try:
-                if reuse_prompt:
-                    _adopt_caches(req, warm)
-                while not req.finished and len(req.generated) < depth:
-                    new, n_logits = req.plan()
-                    logits = engine.target.eval({req.seq_id: (new, n_logits)})[req.seq_id]
-                    req.commit(new, logits)
+                with _shared_prompt_caches(req, warm) if reuse_prompt else nullcontext():
+                    while not req.finished and len(req.generated) < depth:
+                        new, n_logits = req.plan()
+                        logits = engine.target.eval({req.seq_id: (new, n_logits)})[req.seq_id]
+                        req.commit(new, logits)
             finally:
-                if not reuse_prompt:
-                    req.close()  # with reuse, its only sequences are the shared ones, freed below
+                req.close()
             seq = tuple(req.generated[:depth])
             if len(seq) < depth:
                 assert req.context[-1] in eog, "a sample ended early without an end-of-generation token"

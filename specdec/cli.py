@@ -36,8 +36,8 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="draft tokens per target call: draft/ngram 4; the cap for hybrid (8) and auto (16)")
     p.add_argument("--draft-p-min", type=float, default=0.0,
                    help="draft early stop: stop drafting below this draft probability (default 0 = off)")
-    p.add_argument("--verify", choices=["token", "block"], default="token",
-                   help="sampling verifier: token-by-token or block verification (default token)")
+    p.add_argument("--verify", choices=["token", "block"], default="block",
+                   help="sampling verifier: block verification or token-by-token (default block)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(c)
     _add_spec_args(c)
     _add_sampling_args(c)
-    c.set_defaults(temperature=1.0, max_tokens=16)
+    c.set_defaults(temperature=1.0, max_tokens=16, method="draft")  # speculate on every step
     c.add_argument("--samples", type=int, default=400, help="generations to sample (default 400)")
     c.add_argument("--depth", type=int, default=3, help="leading tokens compared (default 3: the prefill's "
                    "token and the first two of the first speculative block)")

@@ -79,7 +79,7 @@ class Request:
     """
 
     def __init__(self, engine: "Engine", prompt_ids: list[int], params: SamplingParams, k_max: int,
-                 proposer: Proposer | None, verify: str = "token"):
+                 proposer: Proposer | None, verify: str = "block"):
         if params.n != 1:
             raise ValueError(f"a request is one sample but n={params.n}; use Engine.generate_n or "
                              "params.for_sample(i) for each sample")

@@ -136,6 +136,30 @@ def _excess(weight: float, p: np.ndarray, q: np.ndarray | None, x: int) -> np.nd
     return np.maximum(r, 0.0)
 
 
+def _block_weights(draft_tokens: Sequence[int], draft_probs: np.ndarray | None,
+                   target_probs: np.ndarray) -> list[float]:
+    """``[k+1]`` prefix weights ``w_i = min(1, w_{i-1} p_{i-1}(X_i) / q_{i-1}(X_i))``, ``w_0 = 1``."""
+    weights = [1.0]
+    for i, x in enumerate(draft_tokens):
+        x = int(x)
+        qx = 1.0 if draft_probs is None else float(draft_probs[i, x])
+        w = weights[i] * float(target_probs[i, x])
+        weights.append(1.0 if w >= qx else w / qx)
+    return weights
+
+
+def _stop_probability(i: int, weights: Sequence[float], draft_tokens: Sequence[int],
+                      draft_probs: np.ndarray | None, target_probs: np.ndarray) -> float:
+    """``h_i`` of block verification (one pass over the vocabulary for ``i < k``)."""
+    k, w = len(draft_tokens), weights[i]
+    if i == k:
+        return w
+    q = None if draft_probs is None else draft_probs[i]
+    s = float(_excess(w, target_probs[i], q, int(draft_tokens[i])).sum())
+    den = s + 1.0 - w
+    return s / den if den > 0 else 0.0
+
+
 def block_acceptance(
     draft_tokens: Sequence[int], draft_probs: np.ndarray | None, target_probs: np.ndarray
 ) -> tuple[list[float], list[float]]:
@@ -149,21 +173,9 @@ def block_acceptance(
     Returns:
         ``(weights, h)``: ``[k+1]`` and ``[k]`` floats, as defined in :func:`verify_block`.
     """
-    k = len(draft_tokens)
-    weights, h = [1.0], []
-    for i in range(k):
-        x = int(draft_tokens[i])
-        qx = 1.0 if draft_probs is None else float(draft_probs[i, x])
-        w = weights[i] * float(target_probs[i, x])
-        w = 1.0 if w >= qx else w / qx
-        weights.append(w)
-        if i + 1 < k:
-            q = None if draft_probs is None else draft_probs[i + 1]
-            s = float(_excess(w, target_probs[i + 1], q, int(draft_tokens[i + 1])).sum())
-            den = s + 1.0 - w
-            h.append(s / den if den > 0 else 0.0)
-        else:
-            h.append(w)
+    weights = _block_weights(draft_tokens, draft_probs, target_probs)
+    h = [_stop_probability(i, weights, draft_tokens, draft_probs, target_probs)
+         for i in range(1, len(draft_tokens) + 1)]
     return weights, h
 
 
@@ -219,8 +231,11 @@ def verify_block(
     k = len(draft_tokens)
     assert target_probs.shape[0] == k + 1, (k, target_probs.shape)
     eta = rng.random(k)
-    weights, h = block_acceptance(draft_tokens, draft_probs, target_probs)
-    tau = max((i + 1 for i in range(k) if eta[i] < h[i]), default=0)
+    weights = _block_weights(draft_tokens, draft_probs, target_probs)
+    # tau = the largest i with eta_i < h_i: scan from the end and stop at the first hit, so a fully
+    # accepted block costs no pass over the vocabulary (h_k = w_k is a scalar)
+    tau = next((i for i in range(k, 0, -1)
+                if eta[i - 1] < _stop_probability(i, weights, draft_tokens, draft_probs, target_probs)), 0)
     residual = block_residual(tau, weights, draft_tokens, draft_probs, target_probs)
     return VerifyResult(num_accepted=tau, next_token=sample(residual, rng), is_bonus=tau == k)
 

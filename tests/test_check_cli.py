@@ -39,6 +39,7 @@ def test_check_fails_a_lossy_verifier(capsys, models, monkeypatch):
         return VerifyResult(num_accepted=len(drafts), next_token=sample(p[len(drafts)], rng), is_bonus=True)
 
     monkeypatch.setitem(verify_mod.VERIFIERS, "token", accept_everything)
+    monkeypatch.setitem(verify_mod.VERIFIERS, "block", accept_everything)
     code, out, _ = run(capsys, "check", "The quick brown fox", "--raw", "--samples", "150", "--seed", "1",
                        "--alpha", "0.001", *models[0], "--draft", models[1])
     assert code == 1 and "FAIL" in out
@@ -70,7 +71,7 @@ def test_generate_takes_the_new_sampling_options(capsys, models):
     assert len(data["token_ids"]) == 4 and data["finish_reason"] == "stop"
 
 
-@pytest.mark.parametrize("method", ["draft", "ngram"])
+@pytest.mark.parametrize("method", ["draft", "ngram", "auto"])
 def test_prompt_cache_reuse_gives_the_same_samples(models, method):
     """sample_prefixes keeps the prompt's KV cache between samples: same seeded samples as fresh
     requests, and no sequence left behind."""
