@@ -19,8 +19,8 @@ for ``k`` drafts (a draft model's ``k * t_draft`` plus any catch-up on tokens it
 lookup ~0). ``alpha_i`` is tracked per request and per kind of proposal, decayed so it follows the text,
 shrunk towards the engine's pooled estimate (:class:`AcceptanceStats`). Each step takes
 ``argmax_k rate(k)``, ``k = 0`` (a plain step) included, so speculation switches itself off when it does
-not pay; after a run of plain steps a :class:`ProbeSchedule` spends one step on the best speculative
-option to refresh the acceptance estimate (the interval doubles while probes keep losing).
+not pay; after a run of plain steps a probe spends one step on the best speculative option to refresh
+the acceptance estimate (:class:`specdec.proposers.hybrid.ProbeSchedule`).
 
 Unmeasured sizes: between measured sizes ``S`` is interpolated; beyond the largest measured size it is
 bounded below by that size's time (scoring more tokens never costs less). Decisions use this optimistic
@@ -32,7 +32,7 @@ This module knows numbers only: no models, tokens or arrays of logits.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -207,34 +207,6 @@ class Choice:
         return self.tokens / self.seconds if self.seconds > 0 else math.inf
 
 
-@dataclass
-class ProbeSchedule:
-    """When speculation is off, try it again after ``interval`` plain steps; the interval doubles
-    (up to ``max_interval``) while probes keep losing and resets when speculation wins on its own."""
-
-    interval: int = 8
-    min_interval: int = 8
-    max_interval: int = 64
-    off_steps: int = 0
-    probed: bool = False
-
-    def should_probe(self) -> bool:
-        """Count one plain step; True when the next speculative option should be tried anyway."""
-        if self.probed:  # the last step was a probe and plain still wins: back off
-            self.interval = min(2 * self.interval, self.max_interval)
-            self.probed = False
-        self.off_steps += 1
-        if self.off_steps >= self.interval:
-            self.off_steps = 0
-            self.probed = True
-            return True
-        return False
-
-    def speculating(self) -> None:
-        """Speculation won on its own merits: probe quickly again next time it switches off."""
-        self.interval, self.off_steps, self.probed = self.min_interval, 0, False
-
-
 class CostModel:
     """Per-engine timings (target ``S(n)`` per decoding mode, draft per-token and catch-up times) and
     pooled acceptance statistics; see the module docstring for the model.
@@ -317,36 +289,3 @@ class CostModel:
     def plain(self, greedy: bool) -> Choice:
         """A plain step: one token in ``S(1)`` seconds (NaN before any measurement)."""
         return Choice(None, 0, 1.0, self.step_seconds(1, greedy))
-
-
-@dataclass
-class PredictionLog:
-    """Sums over a request's steps of what the policy predicted, for the bench's predicted speed-up.
-
-    Attributes:
-        tokens: Sum of E(k) over steps.
-        seconds: Sum of predicted step seconds.
-        plain_seconds: Sum of the predicted S(1) at each step (the plain-decoding reference).
-        steps: ``source -> {k: count}`` of the choices taken.
-    """
-
-    tokens: float = 0.0
-    seconds: float = 0.0
-    plain_seconds: float = 0.0
-    steps: dict = field(default_factory=dict)
-
-    def add(self, choice: Choice, plain_seconds: float) -> None:
-        """Record one step's choice."""
-        if math.isnan(choice.seconds) or math.isnan(plain_seconds):
-            return
-        self.tokens += choice.tokens
-        self.seconds += choice.seconds
-        self.plain_seconds += plain_seconds
-        by_k = self.steps.setdefault(choice.source or "none", {})
-        by_k[choice.k] = by_k.get(choice.k, 0) + 1
-
-    def report(self) -> dict:
-        """``{"predicted_speedup", "steps"}``: predicted tokens/s over plain's, choices by source and k."""
-        n = sum(sum(v.values()) for v in self.steps.values())
-        speedup = (self.tokens / self.seconds) / (n / self.plain_seconds) if self.seconds > 0 and n else math.nan
-        return {"predicted_speedup": speedup, "steps": {s: dict(sorted(v.items())) for s, v in self.steps.items()}}

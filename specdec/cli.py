@@ -140,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--llama-server", default=None, help="llama-server binary (default: found automatically)")
     b.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
     b.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation of each method")
+    b.add_argument("--resume", action="store_true", help="keep the prompts already in OUT/runs.jsonl, run the rest")
     return parser
 
 
@@ -345,7 +346,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         per_category=args.per_category, max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
         methods=split(args.methods, METHODS), draft_k=args.draft_k, ngram_k=args.ngram_k, p_min=args.p_min,
         n_ctx=args.n_ctx, threads=args.threads, out_dir=args.out, llama_server=args.llama_server,
-        warmup=not args.no_warmup,
+        warmup=not args.no_warmup, resume=args.resume,
     )
     doc = run_bench(cfg)
     with open(doc["outputs"]["markdown"], encoding="utf-8") as f:

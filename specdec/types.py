@@ -235,7 +235,7 @@ class GenerationStats:
         decode_seconds: Wall time after the first token until the end, seconds.
         committed: Tokens committed by target calls (recovered/bonus included), for mean accepted length.
         adaptive: For hybrid/auto: the cost model's predicted speed-up and the choices taken by source
-            and k (see :class:`specdec.adaptive.PredictionLog`); empty otherwise.
+            and k (see :class:`specdec.proposers.hybrid.PredictionLog`); empty otherwise.
     """
 
     prompt_tokens: int = 0

@@ -12,10 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.adaptive import AcceptanceStats, CostModel, ProbeSchedule, TimingTable, expected_tokens
+from specdec.adaptive import AcceptanceStats, CostModel, TimingTable, expected_tokens
 from specdec.engine import Engine
 from specdec.proposers import DraftModelProposer, HybridProposer, NgramProposer
 from specdec.proposers.hybrid import DRAFT_MARGIN as HybridDraftMargin
+from specdec.proposers.hybrid import ProbeSchedule
 from specdec.proposers.ngram import NgramIndex, find_ngram_continuation
 from specdec.types import DEFAULT_K, SamplingParams, SpecConfig
 

@@ -37,8 +37,9 @@ def data_dir(tmp_path_factory):
     (d / "humaneval").mkdir()
     with gzip.open(d / "humaneval" / "HumanEval.jsonl.gz", "wt") as f:
         for i in range(2):
-            f.write(json.dumps({"task_id": f"HumanEval/{i}", "prompt": f"def add{i}(a, b):\n    \"\"\"Add.\"\"\"\n",
-                                "canonical_solution": "    return a + b\n", "test": "", "entry_point": f"add{i}"}) + "\n")
+            row = {"task_id": f"HumanEval/{i}", "prompt": f"def add{i}(a, b):\n    \"\"\"Add.\"\"\"\n",
+                   "canonical_solution": "    return a + b\n", "test": "", "entry_point": f"add{i}"}
+            f.write(json.dumps(row) + "\n")
     return d
 
 
@@ -69,6 +70,16 @@ def test_bench_writes_well_formed_outputs(smoke):
         assert f"| {cat} |" in md
 
 
+def test_report_renders_again_from_the_json(smoke, capsys):
+    from specdec.bench import report
+
+    _, doc, out = smoke
+    (out / "bench.md").unlink()
+    assert report.main([str(out / "bench.json")]) == 0
+    assert (out / "bench.md").read_text() == capsys.readouterr().out.rstrip("\n") + "\n"
+    assert len((out / "runs.jsonl").read_text().splitlines()) == len(doc["runs"])
+
+
 def test_bench_summary_is_consistent(smoke):
     _, doc, _ = smoke
     rows = {(r["category"], r["method"]): r for r in doc["summary"]}
@@ -81,7 +92,10 @@ def test_bench_summary_is_consistent(smoke):
             runs = [x for x in doc["runs"] if x["method"] == m and (cat == "all" or x["category"] == cat)]
             proposed = sum(x["proposed"] for x in runs)
             accepted = sum(x["accepted"] for x in runs)
-            assert (math.isnan(r["acceptance_rate"]) if proposed == 0 else r["acceptance_rate"] == pytest.approx(accepted / proposed))
+            if proposed:
+                assert r["acceptance_rate"] == pytest.approx(accepted / proposed)
+            else:
+                assert math.isnan(r["acceptance_rate"])
             assert all(0 <= a <= 1 for a in r["acceptance_by_position"])
         if m in ("hybrid", "auto"):
             assert all("steps" in x["adaptive"] for x in doc["runs"] if x["method"] == m)
@@ -129,3 +143,12 @@ def test_bench_cli_bad_input_is_one_line(capsys, argv, msg):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("specdec: error:") and msg in err[0]
+
+
+def test_resume_keeps_finished_prompts(smoke):
+    import dataclasses
+
+    cfg, doc, _ = smoke
+    again = run_bench(dataclasses.replace(cfg, resume=True, warmup=False))
+    assert len(again["runs"]) == len(doc["runs"])
+    assert any(n.startswith("resumed: ") for n in again["notes"])

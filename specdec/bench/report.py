@@ -8,7 +8,7 @@ Per category and method (sums over the category's prompts, as Spec-Bench reports
 - mean accepted length = committed tokens / target calls; acceptance rate = accepted / proposed;
   acceptance by position i = accepted at i / proposed at i;
 - predicted: the cost model's speed-up; for hybrid/auto what the policy predicted before each step
-  (E(k) over predicted seconds, :class:`~specdec.adaptive.PredictionLog`), for fixed methods the
+  (E(k) over predicted seconds, :class:`~specdec.proposers.hybrid.PredictionLog`), for fixed methods the
   tables' prediction for the k actually used and the committed tokens;
 - limit: the best decode speed-up the cost model finds reachable with the category's measured
   acceptance, ``max_k E(k) S(1) / (D(k) + S(k+1))`` with ``E(k) = 1 + sum_{j<k} a_j`` (a_j: measured
@@ -46,6 +46,11 @@ def _table(snap: dict) -> TimingTable:
     for n, s in snap["S"].items():
         t.mean[int(n)], t.count[int(n)] = s, snap["count"][n]
     return t
+
+
+def _num(x) -> float:
+    """A float, NaN for None (JSON's null)."""
+    return math.nan if x is None else float(x)
 
 
 def _ratio(a: float, b: float) -> float:
@@ -86,9 +91,10 @@ def summarize(doc: dict) -> list[dict]:
     runs = doc["runs"]
     snap = doc["cost_model"]
     table = _table(snap)
-    t_draft = snap["draft_token_seconds"] if not math.isnan(snap["draft_token_seconds"]) else math.nan
+    t_draft = _num(snap.get("draft_token_seconds"))
     cats = list(dict.fromkeys(r["category"] for r in runs)) + ["all"]
-    methods = list(dict.fromkeys(r["method"] for r in sorted(runs, key=lambda r: doc["config"]["methods"].index(r["method"]))))
+    order = doc["config"]["methods"]
+    methods = [m for m in order if any(r["method"] == m for r in runs)]
     rows = []
     for cat in cats:
         in_cat = [r for r in runs if cat == "all" or r["category"] == cat]
@@ -178,7 +184,8 @@ def markdown(doc: dict, rows: list[dict]) -> str:
             f"{_f(r.get('predicted'))} | {_f(r.get('limit'))} |")
     snap = doc["cost_model"]
     s = ", ".join(f"S({n})={1000 * v:.0f}" for n, v in list(snap["S"].items())[:20])
-    lines += ["", f"Cost model at the end (ms): {s}; draft {_f(1000 * snap['draft_token_seconds'], '.0f')} ms/token."]
+    draft = _f(1000 * _num(snap.get("draft_token_seconds")), ".0f")
+    lines += ["", f"Cost model at the end (ms): {s}; draft {draft} ms/token."]
     lines += [f"- {n}" for n in doc["notes"]]
     return "\n".join(lines) + "\n"
 
@@ -240,17 +247,37 @@ def write_outputs(doc: dict, out: Path) -> None:
     (out / "bench.md").write_text(markdown(doc, rows), encoding="utf-8")
     doc["outputs"]["plots"] = [str(p) for p in plots(rows, out)]
     with open(out / "bench.json", "w", encoding="utf-8") as f:
-        json.dump(_json_safe(doc), f, indent=1)
+        json.dump(json_safe(doc), f, indent=1)
 
 
-def _json_safe(x):
+def json_safe(x):
     """``x`` with NaN and infinities as None and numpy scalars as Python numbers (strict JSON)."""
     if isinstance(x, dict):
-        return {str(k): _json_safe(v) for k, v in x.items()}
+        return {str(k): json_safe(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
+        return [json_safe(v) for v in x]
     if isinstance(x, (float, np.floating)):
         return float(x) if math.isfinite(x) else None
     if isinstance(x, np.integer):
         return int(x)
     return x
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m specdec.bench.report OUT/bench.json``: render the Markdown and plots again."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m specdec.bench.report BENCH_JSON", file=sys.stderr)
+        return 2
+    path = Path(args[0])
+    doc = json.loads(path.read_text())
+    doc["runs"] = [{k: (math.nan if v is None else v) for k, v in r.items()} for r in doc["runs"]]
+    write_outputs(doc, path.parent)
+    print((path.parent / "bench.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

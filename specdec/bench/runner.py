@@ -17,6 +17,7 @@ engine's public API and the peers; the aggregation and the outputs are in :mod:`
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import platform
 import sys
@@ -58,6 +59,7 @@ class BenchConfig:
     llama_server: str | None = None
     warmup: bool = True
     progress: bool = True
+    resume: bool = False
 
     def __post_init__(self) -> None:
         bad = [m for m in self.methods if m not in METHODS]
@@ -132,7 +134,8 @@ class _Runner:
                     self.servers[m] = LlamaServer(
                         binary, self.target_path, self.draft_path if m == "server-spec" else None,
                         draft_k=cfg.draft_k, n_ctx=cfg.n_ctx, n_threads=self.threads, log_path=out / f"{m}.log")
-                notes.append("llama-server: " + " ".join(self.servers.get("server-spec", self.servers.get("server")).cmd))
+                shown = self.servers.get("server-spec") or self.servers["server"]
+                notes.append("llama-server: " + " ".join(shown.cmd))
 
     def run(self, method: str, ids: list[int], max_tokens: int, seed: int) -> dict:
         """One generation; returns the run's record (without prompt fields)."""
@@ -180,12 +183,21 @@ def run_bench(cfg: BenchConfig) -> dict:
     notes: list[str] = []
     load_start = os.getloadavg()
     runner = _Runner(cfg, out, notes)
+    # Runs are appended to runs.jsonl as each prompt completes, so a long run can be resumed (--resume).
+    log_path = out / "runs.jsonl"
     runs: list[dict] = []
+    if cfg.resume and log_path.exists():
+        runs = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+        notes.append(f"resumed: {len({(r['category'], r['prompt_id']) for r in runs})} prompts from {log_path}")
+    else:
+        log_path.write_text("")
+    done = {(r["category"], r["prompt_id"]) for r in runs}
     try:
         methods = runner.methods
         room = cfg.max_tokens + max(cfg.draft_k, cfg.ngram_k, 16) + 2
         encoded = [_fit_prompt(runner.engine, p.text, room) for p in prompts]
-        bar = tqdm(total=len(prompts) * len(methods) + (len(methods) if cfg.warmup else 0), desc="bench",
+        todo = sum((p.category, p.id) not in done for p in prompts)
+        bar = tqdm(total=todo * len(methods) + (len(methods) if cfg.warmup else 0), desc="bench",
                    unit="run", disable=not cfg.progress, file=sys.stderr)
         if cfg.warmup:
             ids = _fit_prompt(runner.engine, WARMUP_PROMPT, room)
@@ -194,6 +206,8 @@ def run_bench(cfg: BenchConfig) -> dict:
                 runner.run(m, ids, min(32, cfg.max_tokens), cfg.seed)
                 bar.update()
         for i, (p, ids) in enumerate(zip(prompts, encoded)):
+            if (p.category, p.id) in done:
+                continue
             order = methods[i % len(methods):] + methods[: i % len(methods)]
             by_method = {}
             for m in order:
@@ -211,6 +225,8 @@ def run_bench(cfg: BenchConfig) -> dict:
                     rec["same_as_plain"] = toks == plain
                     rec["first_divergence"] = n
                 runs.append(rec)
+            with open(log_path, "a", encoding="utf-8") as f:
+                f.writelines(json.dumps(report.json_safe(r)) + "\n" for r in by_method.values())
         bar.close()
     finally:
         runner.close()
@@ -223,5 +239,6 @@ def run_bench(cfg: BenchConfig) -> dict:
         "cost_model": report.cost_snapshot(runner.engine.cost, cfg.temperature == 0),
         "runs": runs,
     }
+    (out / "bench.json").write_text(json.dumps(report.json_safe(doc), indent=1))  # kept if the report fails
     report.write_outputs(doc, out)
     return doc

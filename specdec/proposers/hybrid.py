@@ -21,11 +21,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-from specdec.adaptive import AcceptanceStats, Choice, CostModel, PredictionLog, ProbeSchedule, expected_tokens
+from specdec.adaptive import AcceptanceStats, Choice, CostModel, expected_tokens
 from specdec.backends.base import Backend
 from specdec.proposers.base import EMPTY_PROPOSAL, PROPOSERS, Proposal, register
 from specdec.proposers.draft_model import DraftModelProposer
@@ -38,6 +39,67 @@ RULE_THRESHOLD = 0.5
 DRAFT_MARGIN = 1.05
 """``auto`` considers the draft model only if, with every draft accepted, it would beat plain decoding by
 this factor: a draft that cannot gain 5% even then is not worth its prefill and probes."""
+
+
+@dataclass
+class ProbeSchedule:
+    """When speculation is off, try it again after ``interval`` plain steps; the interval doubles
+    (up to ``max_interval``) while probes keep losing and resets when speculation wins on its own."""
+
+    interval: int = 8
+    min_interval: int = 8
+    max_interval: int = 64
+    off_steps: int = 0
+    probed: bool = False
+
+    def should_probe(self) -> bool:
+        """Count one plain step; True when the next speculative option should be tried anyway."""
+        if self.probed:  # the last step was a probe and plain still wins: back off
+            self.interval = min(2 * self.interval, self.max_interval)
+            self.probed = False
+        self.off_steps += 1
+        if self.off_steps >= self.interval:
+            self.off_steps = 0
+            self.probed = True
+            return True
+        return False
+
+    def speculating(self) -> None:
+        """Speculation won on its own merits: probe quickly again next time it switches off."""
+        self.interval, self.off_steps, self.probed = self.min_interval, 0, False
+
+
+@dataclass
+class PredictionLog:
+    """Sums over a request's steps of what the policy predicted, for the bench's predicted speed-up.
+
+    Attributes:
+        tokens: Sum of E(k) over steps.
+        seconds: Sum of predicted step seconds.
+        plain_seconds: Sum of the predicted S(1) at each step (the plain-decoding reference).
+        steps: ``source -> {k: count}`` of the choices taken.
+    """
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+    plain_seconds: float = 0.0
+    steps: dict = field(default_factory=dict)
+
+    def add(self, choice: Choice, plain_seconds: float) -> None:
+        """Record one step's choice."""
+        if math.isnan(choice.seconds) or math.isnan(plain_seconds):
+            return
+        self.tokens += choice.tokens
+        self.seconds += choice.seconds
+        self.plain_seconds += plain_seconds
+        by_k = self.steps.setdefault(choice.source or "none", {})
+        by_k[choice.k] = by_k.get(choice.k, 0) + 1
+
+    def report(self) -> dict:
+        """``{"predicted_speedup", "steps"}``: predicted tokens/s over plain's, choices by source and k."""
+        n = sum(sum(v.values()) for v in self.steps.values())
+        speedup = (self.tokens / self.seconds) / (n / self.plain_seconds) if self.seconds > 0 and n else math.nan
+        return {"predicted_speedup": speedup, "steps": {s: dict(sorted(v.items())) for s, v in self.steps.items()}}
 
 
 def _leading(accept: np.ndarray, threshold: float) -> int:
@@ -64,7 +126,7 @@ class HybridProposer:
                  ngram_min: int = 1, cost_model: CostModel | None = None, adaptive: bool = False,
                  p_min: float = 0.0, **_: object):
         self.index = NgramIndex(ngram_min, ngram_max)
-        self.draft = DraftModelProposer(draft, vocab_size, p_min=p_min, lazy_prefill=True) if draft is not None else None
+        self.draft = None if draft is None else DraftModelProposer(draft, vocab_size, p_min=p_min, lazy_prefill=True)
         self.cost = cost_model if cost_model is not None else CostModel()
         self.adaptive = adaptive
         self.probe = ProbeSchedule()
