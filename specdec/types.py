@@ -29,6 +29,9 @@ FinishReason = Literal["stop", "length"]
 Method = Literal["draft", "ngram", "hybrid", "auto", "none"]
 Verify = Literal["token", "block"]
 
+GREEDY_TEMPERATURE = 1e-5
+"""Temperatures below this are treated as 0 (greedy), as vLLM does (``_SAMPLING_EPS``)."""
+
 MAX_SPECULATIVE_TOKENS = 64
 DEFAULT_K = {"draft": 4, "ngram": 4, "none": 4, "hybrid": 8, "auto": 16}
 """Default ``num_speculative_tokens`` per method: fixed k for draft/ngram, the cap for hybrid/auto."""
@@ -142,8 +145,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        """True when decoding is greedy (temperature 0)."""
-        return self.temperature == 0
+        """True when decoding is greedy: temperature below :data:`GREEDY_TEMPERATURE` (vLLM's rule;
+        dividing logits by a smaller temperature overflows float64)."""
+        return self.temperature < GREEDY_TEMPERATURE
 
     def replace(self, **changes) -> "SamplingParams":
         """Return a copy with ``changes`` applied (validated again)."""

@@ -90,3 +90,10 @@ def test_seeded_rng_repeats():
 def test_params_validation(kwargs):
     with pytest.raises(ValueError):
         SamplingParams(**kwargs)
+
+
+def test_denormal_temperature_is_greedy():
+    """Found by fuzzing the server: logits / 2e-309 overflow to inf; such temperatures are greedy."""
+    assert SamplingParams(temperature=2.225073858507203e-309).greedy
+    assert SamplingParams(temperature=9e-6).greedy
+    assert not SamplingParams(temperature=1e-4).greedy
