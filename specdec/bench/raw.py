@@ -4,7 +4,9 @@ One context of llama.cpp's default parameters (one sequence, the same ``n_ctx``,
 threads as the engine), prompt decoded in ``n_batch`` chunks, then one ``llama_decode`` of one token per
 step; the next token is chosen by llama.cpp's own sampler chain (greedy, or temperature then a seeded
 draw), which reads the last logits row in C. Nothing of specdec is used but model paths, so specdec's
-plain decoding over this loop is the engine's overhead.
+plain decoding over this loop is the engine's overhead. Give it the engine's own loaded model
+(``model=``): two loads of the same file differ by up to ~5% in speed (where llama.cpp's repacked weights
+land in memory), which would swamp the overhead being measured.
 """
 
 from __future__ import annotations
@@ -42,16 +44,20 @@ class RawLlamaLoop:
         n_ctx: Context window, tokens.
         n_threads: CPU threads; default: physical cores (as the engine).
         n_batch: Most tokens per ``llama_decode`` (prompt chunks).
+        model: An already loaded ``llama_model`` pointer to share (not freed here); default: load ``path``.
 
     Raises:
         FileNotFoundError, ValueError: for a missing or non-GGUF file.
         RuntimeError: when llama.cpp cannot load the model or create the context.
     """
 
-    def __init__(self, path: str | Path, n_ctx: int = 4096, n_threads: int | None = None, n_batch: int = 512):
+    def __init__(self, path: str | Path, n_ctx: int = 4096, n_threads: int | None = None, n_batch: int = 512,
+                 model=None):
         path = check_gguf(path)
         _init_llama()
-        self._model = lc.llama_model_load_from_file(str(path).encode(), lc.llama_model_default_params())
+        self._own_model = model is None
+        self._model = lc.llama_model_load_from_file(str(path).encode(), lc.llama_model_default_params()) \
+            if model is None else model
         if not self._model:
             raise RuntimeError(f"llama.cpp could not load {path}")
         params = lc.llama_context_default_params()
@@ -61,7 +67,8 @@ class RawLlamaLoop:
         params.no_perf = True
         self._ctx = lc.llama_init_from_model(self._model, params)
         if not self._ctx:
-            lc.llama_model_free(self._model)
+            if self._own_model:
+                lc.llama_model_free(self._model)
             raise RuntimeError(f"llama.cpp could not create a context of {n_ctx} tokens")
         self._vocab = lc.llama_model_get_vocab(self._model)
         self._mem = lc.llama_get_memory(self._ctx)
@@ -114,9 +121,9 @@ class RawLlamaLoop:
         if getattr(self, "_ctx", None):
             lc.llama_free(self._ctx)
             self._ctx = None
-        if getattr(self, "_model", None):
+        if getattr(self, "_model", None) and getattr(self, "_own_model", False):
             lc.llama_model_free(self._model)
-            self._model = None
+        self._model = None
 
     def __del__(self) -> None:
         try:

@@ -119,7 +119,9 @@ class _Runner:
         if "raw" in self.methods:
             from specdec.bench.raw import RawLlamaLoop
 
-            self.raw = RawLlamaLoop(self.target_path, n_ctx=cfg.n_ctx, n_threads=self.threads)
+            # the engine's own loaded model: a second load of the file can sit ~5% faster or slower
+            self.raw = RawLlamaLoop(self.target_path, n_ctx=cfg.n_ctx, n_threads=self.threads,
+                                    model=getattr(self.engine.target, "_model", None))
         peers = [m for m in self.methods if m.startswith("server")]
         if peers:
             from specdec.bench.peer import LlamaServer, find_llama_server

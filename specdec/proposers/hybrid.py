@@ -231,7 +231,7 @@ class HybridProposer:
         self._last = None
 
     def report(self) -> dict:
-        """Predicted speed-up and the choices taken (see :class:`~specdec.adaptive.PredictionLog`)."""
+        """Predicted speed-up and the choices taken (see :class:`PredictionLog`)."""
         return self.log.report()
 
     def close(self) -> None:
