@@ -73,9 +73,16 @@ def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
     )
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one ``specdec: error:`` line (exit 2), not a usage block."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"specdec: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of all subcommands."""
-    parser = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding for LLMs.")
+    parser = _OneLineErrorParser(prog="specdec", description="Lossless speculative decoding for LLMs.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate text for one prompt")

