@@ -44,6 +44,11 @@ ACCEPT_PRIOR = {"draft": 0.7, "ngram1": 0.25, "ngram2": 0.4, "ngram3": 0.55}
 match (longer matches are likelier to continue). Unlisted n-gram orders use 0.65."""
 
 
+REQUEST_STRENGTH = 1.0
+"""Weight, in pseudo-observations, of the engine's pooled acceptance in a request's estimate: one verified
+block of this request counts as much as everything the engine has seen of the same kind."""
+
+
 def expected_tokens(accept: np.ndarray) -> np.ndarray:
     """Expected committed tokens for every k, eq. (1) of the module docstring.
 
@@ -219,11 +224,15 @@ class CostModel:
         self.draft_token = TimingTable(n_max=1)  # [1]: seconds per drafted token
         self.draft_catchup = TimingTable(n_max=1)  # [1]: seconds per catch-up token
         self.pool: dict[str, AcceptanceStats] = {}
+        self._version = 0  # bumped by every target measurement (invalidates ``curve``)
+        self._curve_key: tuple | None = None
+        self._curve = np.zeros(0)
 
     # -- timings --------------------------------------------------------------------------------
     def observe_target(self, n: int, seconds: float, greedy: bool) -> None:
         """One target call that scored ``n`` tokens (and verified them) in ``seconds``."""
         self.target[greedy].observe(n, seconds)
+        self._version += 1
 
     def observe_draft(self, k: int, catchup: int, seconds: float) -> None:
         """A draft model drafted ``k`` tokens in ``seconds`` after catching up on ``catchup`` tokens
@@ -244,10 +253,11 @@ class CostModel:
             s = self.target[not greedy].estimate(n, optimistic)
         return s
 
-    def draft_seconds(self, k: int, catchup: int, greedy: bool, horizon: int = 16) -> float:
+    def draft_seconds(self, k, catchup: int, greedy: bool, horizon: int = 16):
         """``D(k)`` of a draft model: ``k`` tokens plus catch-up on ``catchup`` unseen tokens, the
         catch-up amortized over ``horizon`` steps (it is paid once, then drafting stays in sync).
-        Before any measurement the draft is assumed to cost half a target token."""
+        Before any measurement the draft is assumed to cost half a target token. ``k`` may be an int
+        (returns a float) or an ``[m] int64`` array (returns ``[m] float64``), seconds."""
         t_tok = self.draft_token.estimate(1)
         if math.isnan(t_tok):
             t_tok = 0.5 * self.step_seconds(1, greedy)
@@ -261,30 +271,54 @@ class CostModel:
         """A fresh per-request :class:`AcceptanceStats` for ``kind`` that feeds the engine's pool."""
         if kind not in self.pool:
             self.pool[kind] = AcceptanceStats(ACCEPT_PRIOR.get(kind, 0.65), decay=0.98, strength=4.0)
-        return AcceptanceStats(self.pool[kind].prior, parent=self.pool[kind])
+        return AcceptanceStats(self.pool[kind].prior, parent=self.pool[kind], strength=REQUEST_STRENGTH)
 
     # -- the choice -----------------------------------------------------------------------------
-    def best_k(self, accept: np.ndarray, prop_seconds, greedy: bool) -> Choice | None:
-        """The best ``k >= 1`` for one source by eq. (2), with optimistic sizes.
+    def size_limit(self, greedy: bool) -> int:
+        """Largest call size ``n`` a choice may use: twice the largest size measured so far (at least 2).
+
+        Exploration grows the block by doubling, so a size whose cost is only guessed (optimistically,
+        see the module docstring) is never far beyond what is known: on a CPU where ``S(17)`` is 12x
+        ``S(1)``, one optimistic guess must not cost a dozen plain steps.
+        """
+        sizes = np.flatnonzero(self.target[greedy].count)
+        if len(sizes) == 0:
+            sizes = np.flatnonzero(self.target[not greedy].count)
+        return max(2, 2 * int(sizes[-1])) if len(sizes) else 2
+
+    def best_k(self, accept: np.ndarray, prop_seconds, greedy: bool, max_seconds: float = math.inf) -> Choice | None:
+        """The best ``k >= 1`` for one source by eq. (2), with optimistic sizes up to :meth:`size_limit`.
 
         Args:
             accept: ``[K] float64`` conditional acceptance estimates; K = most drafts available.
-            prop_seconds: ``k -> D(k)`` seconds.
+            prop_seconds: ``k -> D(k)`` seconds, applied to ``[k_max] int64`` k's (or returning a scalar).
             greedy: Decoding mode (selects the ``S(n)`` table).
+            max_seconds: Only steps predicted to take at most this long (a probe's budget).
 
         Returns:
-            The best choice, or None when ``K == 0`` or ``S(1)`` is unknown.
+            The best choice, or None when ``K == 0``, ``S(1)`` is unknown or no k fits ``max_seconds``.
         """
         if len(accept) == 0 or math.isnan(self.step_seconds(1, greedy)):
             return None
-        e = expected_tokens(accept)
-        best = None
-        for k in range(1, len(accept) + 1):
-            t = prop_seconds(k) + self.step_seconds(k + 1, greedy, optimistic=True)
-            c = Choice(None, k, float(e[k]), t)
-            if best is None or c.rate > best.rate:
-                best = c
-        return best
+        k_max = min(len(accept), self.size_limit(greedy) - 1)
+        ks = np.arange(1, k_max + 1)
+        e = expected_tokens(accept[:k_max])[1:]  # [k_max] E(1..k_max)
+        t = prop_seconds(ks) + self.curve(k_max + 1, greedy)[2:]  # [k_max] seconds of each step
+        rate = np.where(t <= max_seconds, e / t, -np.inf)
+        i = int(np.argmax(rate))  # the first best, as a loop over k would pick
+        if not rate[i] > -np.inf:
+            return None
+        return Choice(None, i + 1, float(e[i]), float(t[i]))
+
+    def curve(self, n_max: int, greedy: bool) -> np.ndarray:
+        """``[n_max+1] float64``: optimistic ``S(n)`` for ``n = 0..n_max`` (index 0 unused, NaN), computed
+        once per new measurement: a decision between plain steps must cost far less than a step."""
+        key = (n_max, greedy, self._version)
+        if self._curve_key != key:
+            self._curve = np.array([math.nan] + [self.step_seconds(n, greedy, optimistic=True)
+                                                 for n in range(1, n_max + 1)])
+            self._curve_key = key
+        return self._curve
 
     def plain(self, greedy: bool) -> Choice:
         """A plain step: one token in ``S(1)`` seconds (NaN before any measurement)."""

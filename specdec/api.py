@@ -26,7 +26,8 @@ def load_engine(
 
     Args:
         target: A known model name (see ``specdec models``) or a GGUF path; default: the default target.
-        draft: Likewise for the draft model; default: the default draft.
+        draft: Likewise for the draft model; default: the default draft when the target is the default
+            one, else none (``auto``/``hybrid`` then use n-gram lookup only; see :func:`model_names`).
         spec: Proposer settings; default: method auto (n-gram lookup and the draft model, k by cost).
         n_ctx: Context window per sequence, tokens.
         n_seq_max: Sequences (concurrent requests) one context holds.
@@ -42,16 +43,45 @@ def load_engine(
             backend, device or dtype.
         specdec.models.ModelDownloadError: when a known model cannot be fetched.
     """
-    from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
-
     spec = spec or SpecConfig()
+    target, draft = model_names(target, draft, spec.method)
     load = _backend_loader(backend, device, dtype, n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=n_threads,
                            progress=progress)
-    tgt = load(target or DEFAULT_TARGET)
-    dft = None
-    if spec.method in ("draft", "hybrid", "auto") or draft is not None:
-        dft = load(draft or DEFAULT_DRAFT)
+    if backend == "llama.cpp":  # fetch every missing file first, so one error names them all
+        from specdec.models import resolve_models
+
+        paths = resolve_models([n for n in (target, draft) if n is not None], progress=progress)
+        target, draft = str(paths[0]), (None if draft is None else str(paths[1]))
+    tgt = load(target)
+    dft = None if draft is None else load(draft)
     return Engine(tgt, dft, spec)
+
+
+def model_names(target: str | None, draft: str | None, method: str) -> tuple[str, str | None]:
+    """The target and draft model arguments ``load_engine`` loads for ``method``.
+
+    The default draft model goes with the default target only: with another ``target`` and no
+    ``draft``, ``auto`` and ``hybrid`` fall back to n-gram lookup (and plain steps), and ``draft``
+    is an error.
+
+    Returns:
+        ``(target, draft)``; ``draft`` is None when no draft model is needed.
+
+    Raises:
+        ValueError: ``method == "draft"`` with a non-default target and no draft.
+    """
+    from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    default_target = target in (None, DEFAULT_TARGET)
+    target = target or DEFAULT_TARGET
+    if draft is not None or method not in ("draft", "hybrid", "auto"):
+        return target, draft
+    if default_target:
+        return target, DEFAULT_DRAFT
+    if method == "draft":
+        raise ValueError("--method draft with your own --target needs --draft (a model with the same "
+                         "vocabulary), or use --method ngram")
+    return target, None
 
 
 BACKENDS = ("llama.cpp", "hf")
@@ -78,8 +108,8 @@ def _backend_loader(backend: str, device: str | None, dtype: str | None, **kwarg
 
 
 @functools.lru_cache(maxsize=2)
-def _cached_engine(target: str | None, draft: str | None, n_ctx: int) -> Engine:
-    return load_engine(target, draft, SpecConfig(method="auto"), n_ctx=n_ctx)
+def _cached_engine(target: str, draft: str | None, n_ctx: int) -> Engine:
+    return load_engine(target, draft, SpecConfig(method="auto" if draft else "ngram"), n_ctx=n_ctx)
 
 
 def stream(
@@ -98,8 +128,8 @@ def stream(
     Yields:
         :class:`~specdec.engine.StreamChunk` with text deltas; the last carries the result and stats.
     """
-    engine = _cached_engine(target, draft, n_ctx)
     spec = SpecConfig(method=method, num_speculative_tokens=num_speculative_tokens)  # type: ignore[arg-type]
+    engine = _cached_engine(*model_names(target, draft, spec.method), n_ctx)  # no draft model for ngram/none
     return engine.stream(prompt, SamplingParams(**sampling), spec, chat=chat)
 
 

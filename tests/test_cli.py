@@ -64,6 +64,11 @@ def test_prompt_from_file_and_stdin(capsys, models, tmp_path, monkeypatch):
         (["hi", "-k", "-1"], "num-speculative-tokens"),
         (["hi", "-k", "100000"], "num-speculative-tokens"),
         (["hi", "--temperature", "-1"], "temperature"),
+        (["hi", "--temperature", "inf"], "temperature"),
+        (["hi", "--temperature", "nan"], "temperature"),
+        (["hi", "--threads", "0"], "--threads"),
+        (["hi", "--threads", "-1"], "--threads"),
+        (["hi", "--json", "--stream"], "--json"),
         (["hi", "--top-p", "0"], "top_p"),
         (["hi", "--top-p", "1.5"], "top_p"),
         (["hi", "--max-tokens", "0"], "max_tokens"),
@@ -110,3 +115,41 @@ def test_models_lists_known(capsys, tmp_path, monkeypatch):
     assert code == 0
     assert "qwen2.5-coder-1.5b-instruct" in out and "qwen2.5-coder-0.5b-instruct" in out
     assert "not downloaded" in out
+
+
+def test_unusable_cache_is_one_line(capsys, tmp_path, monkeypatch):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    monkeypatch.setenv("SPECDEC_CACHE", str(not_a_dir / "sub"))
+    monkeypatch.setenv("SPECDEC_PIP_ARGS", f"--no-index --find-links {tmp_path}")
+    code, _, err = run(capsys, "generate", "hi", "--method", "none")
+    assert code == 1 and "SPECDEC_CACHE" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_download_failure_names_every_missing_model(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPECDEC_PIP_ARGS", f"--no-index --find-links {tmp_path}")  # an empty index
+    code, _, err = run(capsys, "generate", "hi")
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "qwen2.5-coder-1.5b-instruct" in err and "qwen2.5-coder-0.5b-instruct" in err
+
+
+def test_own_target_without_draft(capsys, tiny_target_path, monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "empty"))  # the default draft must not be fetched
+    monkeypatch.setenv("SPECDEC_PIP_ARGS", f"--no-index --find-links {tmp_path}")
+    base = ["generate", "abc abc abc", "--raw", "--max-tokens", "6", "--target", str(tiny_target_path),
+            "--n-ctx", "256"]
+    code, out, err = run(capsys, *base)  # auto: n-gram lookup and plain steps only
+    assert code == 0 and out.strip() and "error" not in err
+    code, _, err = run(capsys, *base, "--method", "draft")
+    assert code == 2 and "--draft" in err and len(err.strip().splitlines()) == 1
+
+
+def test_show_accepted_does_not_wrap(capsys, models, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "20")
+    code, out, _ = run(capsys, "generate", "Hello there " * 8, "--raw", "--max-tokens", "24", "--show-accepted",
+                       "--method", "ngram", *models)
+    plain_code, plain_out, _ = run(capsys, "generate", "Hello there " * 8, "--raw", "--max-tokens", "24",
+                                   "--method", "ngram", *models)
+    assert code == plain_code == 0 and out == plain_out

@@ -130,6 +130,8 @@ class LlamaCppBackend:
         self.n_ctx = n_ctx
         self.n_seq_max = n_seq_max
         self.n_batch = n_batch
+        if n_threads is not None and n_threads < 1:
+            raise ValueError(f"n_threads (--threads) must be at least 1, got {n_threads}")
         self.n_threads = n_threads or physical_cores()
 
         self._model = lc.llama_model_load_from_file(str(path).encode(), lc.llama_model_default_params())

@@ -40,6 +40,9 @@ DRAFT_MARGIN = 1.05
 """``auto`` considers the draft model only if, with every draft accepted, it would beat plain decoding by
 this factor: a draft that cannot gain 5% even then is not worth its prefill and probes."""
 
+PROBE_COST = 2.5
+"""A probe step may take at most this many plain steps' time."""
+
 
 @dataclass
 class ProbeSchedule:
@@ -207,8 +210,21 @@ class HybridProposer:
             self.probe.speculating()
             return best
         if best is not None and self.probe.should_probe():
-            return dataclasses.replace(best, probe=True)
+            return self._probe(best, match, order, k, catchup, greedy, plain.seconds) or plain
         return plain
+
+    def _probe(self, best: Choice, match: list[int], order: int, k: int, catchup: int, greedy: bool,
+               plain_seconds: float) -> Choice | None:
+        """A cheap step of ``best``'s source to refresh its acceptance estimate: the best k whose step is
+        predicted to take at most :data:`PROBE_COST` plain steps, the draft's catch-up paid in full (a
+        probe must not start a long draft prefill)."""
+        cm, budget = self.cost, PROBE_COST * plain_seconds
+        if best.source == "ngram":
+            c = cm.best_k(self.stats(f"ngram{order}").conditional(len(match)), lambda j: 0.0, greedy, budget)
+        else:
+            cost = lambda j: cm.draft_seconds(j, catchup, greedy, horizon=1)  # noqa: E731
+            c = cm.best_k(self.stats("draft").conditional(k), cost, greedy, budget)
+        return None if c is None else dataclasses.replace(c, source=best.source, probe=True)
 
     def _log(self, choice: Choice, order: int, catchup: int, greedy: bool) -> None:
         """Add the step's prediction (non-optimistic sizes) to the request's log."""
