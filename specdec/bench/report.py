@@ -7,12 +7,15 @@ Per category and method (sums over the category's prompts, as Spec-Bench reports
 - speed-up = tokens/s over ``none`` (specdec's plain decoding) in the same run;
 - mean accepted length = committed tokens / target calls; acceptance rate = accepted / proposed;
   acceptance by position i = accepted at i / proposed at i;
-- predicted: the cost model's speed-up; for hybrid/auto what the policy predicted before each step
-  (E(k) over predicted seconds, :class:`~specdec.proposers.hybrid.PredictionLog`), for fixed methods the
-  tables' prediction for the k actually used and the committed tokens;
+- predicted: the decode speed-up the cost model's timing tables predict for the steps actually taken
+  (each step's k and source) and the tokens actually committed, ``(committed / sum of predicted step
+  seconds) * S(1)``: how well the model knows the machine;
+- planned (hybrid/auto): what the policy expected before each step, E(k) from its acceptance estimates
+  over predicted seconds (:class:`~specdec.proposers.hybrid.PredictionLog`): how well it knew the text;
 - limit: the best decode speed-up the cost model finds reachable with the category's measured
   acceptance, ``max_k E(k) S(1) / (D(k) + S(k+1))`` with ``E(k) = 1 + sum_{j<k} a_j`` (a_j: measured
-  acceptance by position) for the draft model and for n-gram lookup (drafts assumed always available).
+  acceptance by position) for the draft model and for n-gram lookup (drafts assumed always available);
+  for hybrid/auto also with their own acceptance by position and free drafts (an upper bound).
 """
 
 from __future__ import annotations
@@ -86,6 +89,21 @@ def _predicted_fixed(runs: list[dict], source: str, table: TimingTable, t_draft:
     return _ratio(tokens / seconds, 1 / table.estimate(1)) if seconds > 0 else math.nan
 
 
+def _predicted_adaptive(runs: list[dict], table: TimingTable, t_draft: float) -> float:
+    """Decode speed-up the cost tables predict for hybrid/auto runs from the steps they took (``adaptive.
+    steps``: source -> k -> count) and the tokens committed."""
+    tokens = seconds = 0.0
+    for r in runs:
+        steps = (r.get("adaptive") or {}).get("steps") or {}
+        for source, by_k in steps.items():
+            for k, n in by_k.items():
+                d = int(k) * t_draft if source == "draft" else 0.0
+                seconds += n * (d + table.estimate(int(k) + 1))
+        if steps:
+            tokens += r.get("committed", 0) - 1  # the first token came from the prefill
+    return _ratio(tokens / seconds, 1 / table.estimate(1)) if seconds > 0 else math.nan
+
+
 def summarize(doc: dict) -> list[dict]:
     """One row per (category, method) in run order, plus ``all`` rows over every category."""
     runs = doc["runs"]
@@ -126,14 +144,15 @@ def summarize(doc: dict) -> list[dict]:
             if m in ("hybrid", "auto"):
                 w = [(r.get("adaptive") or {}).get("predicted_speedup", math.nan) for r in rs]
                 ok = [(x, r["new_tokens"]) for x, r in zip(w, rs) if x is not None and not math.isnan(x)]
-                row["predicted"] = sum(x * n for x, n in ok) / sum(n for _, n in ok) if ok else math.nan
+                row["planned"] = sum(x * n for x, n in ok) / sum(n for _, n in ok) if ok else math.nan
+                row["predicted"] = _predicted_adaptive(rs, table, t_draft)
             elif m in ("none", "draft", "draft-pmin", "ngram"):
                 row["predicted"] = _predicted_fixed(rs, "draft" if m.startswith("draft") else "ngram", table, t_draft)
             lim = {"draft": _limit(acc_of.get("draft", []), table, t_draft),
                    "ngram": _limit(acc_of.get("ngram", []), table, 0.0)}
             lim_of = {"none": 1.0, "draft": lim["draft"], "draft-pmin": lim["draft"], "ngram": lim["ngram"],
-                      "hybrid": np.nanmax([1.0, lim["draft"], lim["ngram"]]),
-                      "auto": np.nanmax([1.0, lim["draft"], lim["ngram"]])}
+                      "hybrid": np.nanmax([1.0, lim["draft"], lim["ngram"], _limit(acc_of[m], table, 0.0)]),
+                      "auto": np.nanmax([1.0, lim["draft"], lim["ngram"], _limit(acc_of[m], table, 0.0)])}
             row["limit"] = float(lim_of[m]) if m in lim_of else math.nan
             rows.append(row)
         base = next((r for r in rows if r["category"] == cat and r["method"] == "none"), None)
@@ -173,15 +192,15 @@ def markdown(doc: dict, rows: list[dict]) -> str:
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
     lines += ["", "## Details", "",
               "| category | method | tok/s | decode tok/s | TTFT s | speed-up | decode speed-up | mean acc. len | "
-              "acc. rate | acc. by position | predicted | limit |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "acc. rate | acc. by position | predicted | planned | limit |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         pos = " ".join(_f(a) for a in r["acceptance_by_position"][:6]) or "–"
         lines.append(
             f"| {r['category']} | {r['method']} | {_f(r['tps'], '.1f')} | {_f(r['decode_tps'], '.1f')} | "
             f"{_f(r['ttft'])} | {_f(r['speedup'])} | {_f(r['decode_speedup'])} | "
             f"{_f(r['mean_accepted_length'])} | {_f(r['acceptance_rate'])} | {pos} | "
-            f"{_f(r.get('predicted'))} | {_f(r.get('limit'))} |")
+            f"{_f(r.get('predicted'))} | {_f(r.get('planned'))} | {_f(r.get('limit'))} |")
     snap = doc["cost_model"]
     s = ", ".join(f"S({n})={1000 * v:.0f}" for n, v in list(snap["S"].items())[:20])
     draft = _f(1000 * _num(snap.get("draft_token_seconds")), ".0f")
