@@ -148,6 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
     b.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation of each method")
     b.add_argument("--resume", action="store_true", help="keep the prompts already in OUT/runs.jsonl, run the rest")
+    b.add_argument("--backend", choices=["llama.cpp", "hf"], default="llama.cpp",
+                   help="hf: specdec's transformers backend against transformers' assisted generation and prompt "
+                        "lookup on the Spec-Bench categories (methods: HF's and specdec's none/draft/ngram "
+                        "[+ auto if in --methods]; k = --draft-k) (default llama.cpp)")
+    b.add_argument("--device", default=None, help="hf backend: cpu, cuda or cuda:N (default cpu)")
+    b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="hf backend: weight dtype (default float32)")
     return parser
 
 
@@ -358,6 +365,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     def split(s: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(x.strip() for x in s.split(",") if x.strip()) if s else default
 
+    if args.backend == "hf":
+        return _bench_hf(args, split(args.methods, ()))
+    if args.device or args.dtype:
+        raise ValueError("--device and --dtype apply to --backend hf")
+
     cfg = BenchConfig(
         target=args.target, draft=args.draft, data_dir=args.data, categories=split(args.categories, CATEGORIES),
         per_category=args.per_category, max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
@@ -370,6 +382,40 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f.read())
     print("wrote " + ", ".join([doc["outputs"]["json"], doc["outputs"]["markdown"], *doc["outputs"]["plots"]]),
           file=sys.stderr)
+    return 0
+
+
+def _bench_hf(args: argparse.Namespace, methods: tuple[str, ...]) -> int:
+    """``specdec bench --backend hf``: :mod:`specdec.bench.hf_peer` with the bench's options; writes
+    ``OUT/hf-peer.json`` and prints the tables (wall clock, then process CPU time)."""
+    import json
+    from pathlib import Path
+
+    try:
+        from specdec.bench import hf_peer
+    except ImportError as e:  # pragma: no cover - hf_peer imports torch lazily
+        raise ValueError(f"--backend hf needs torch and transformers ({e}); pip install 'specdec[hf]'") from e
+    from specdec.bench.prompts import default_data_dir
+
+    if args.per_category < 1 or args.max_tokens < 1:
+        raise ValueError("--per-category and --max-tokens must be >= 1")
+    data = Path(args.data) if args.data else default_data_dir()
+    ns = argparse.Namespace(
+        target=args.target, draft=args.draft, questions=str(data / "spec_bench" / "question.jsonl"),
+        per_category=args.per_category, max_tokens=args.max_tokens, k=args.draft_k,
+        spec=["auto"] if "auto" in methods else [], skip=[] if "none" in methods or not methods else ["specdec_none"],
+        lookup=10, threads=args.threads or 2, device=args.device or "cpu", dtype=args.dtype or "float32",
+        n_ctx=args.n_ctx, records_path=str(Path(args.out) / "hf-peer-runs.jsonl"),
+    )
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    Path(ns.records_path).write_text("")
+    result = hf_peer.run_bench(ns)
+    table = hf_peer.summarize(result["records"]) + "\n\n" + hf_peer.summarize(result["records"], "cpu_seconds")
+    print(table)
+    out = Path(args.out)
+    result["table"] = table
+    (out / "hf-peer.json").write_text(json.dumps(result, indent=1))
+    print(f"wrote {out / 'hf-peer.json'}", file=sys.stderr)
     return 0
 
 

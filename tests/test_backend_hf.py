@@ -358,12 +358,13 @@ def test_hf_peer_benchmark_smoke(tmp_path, hf_tiny_target, hf_tiny_draft, capsys
     all methods equal transformers' plain greedy output, and the table has a row per category."""
     import json
 
-    from specdec.bench.hf_peer import load_prompts, main, parse_spec
+    from specdec.bench.hf_peer import load_prompts, parse_spec
 
     for name, backend in (("target", hf_tiny_target), ("draft", hf_tiny_draft)):
         backend.model.save_pretrained(tmp_path / name)
         backend.tokenizer.save_pretrained(tmp_path / name)
-    questions = tmp_path / "q.jsonl"
+    questions = tmp_path / "data" / "spec_bench" / "question.jsonl"
+    questions.parent.mkdir(parents=True)
     rows = [(81, "writing"), (161, "translation"), (241, "summarization"), (242, "summarization")]
     questions.write_text("".join(json.dumps({"question_id": q, "category": c, "turns": [f"Say {q} the cat sat.", "x"]})
                                  + "\n" for q, c in rows))
@@ -371,13 +372,15 @@ def test_hf_peer_benchmark_smoke(tmp_path, hf_tiny_target, hf_tiny_draft, capsys
     assert parse_spec("draft:k=6,draft_p_min=0.3")[1].num_speculative_tokens == 6
     with pytest.raises(ValueError, match="unknown SpecConfig field"):
         parse_spec("draft:bogus=1")
-    out = tmp_path / "out.json"
-    assert main(["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--questions",
-                 str(questions), "--per-category", "1", "--max-tokens", "6", "--threads", "1", "--n-ctx", "256",
-                 "--out", str(out)]) == 0
+    out = tmp_path / "out"
+    from specdec.cli import main as specdec_main  # `specdec bench --backend hf` runs this benchmark
+
+    assert specdec_main(["bench", "--backend", "hf", "--target", str(tmp_path / "target"), "--draft",
+                         str(tmp_path / "draft"), "--data", str(tmp_path / "data"), "--per-category", "1",
+                         "--max-tokens", "6", "--threads", "1", "--n-ctx", "256", "--out", str(out)]) == 0
     table = capsys.readouterr().out
     assert all(f"| {c} |" in table for c in ("mt_bench", "translation", "summarization", "all"))
-    records = json.loads(out.read_text())["records"]
+    records = json.loads((out / "hf-peer.json").read_text())["records"]
     methods = {"hf_plain", "hf_assisted", "hf_lookup", "specdec_none", "specdec_draft", "specdec_ngram"}
     assert {r["method"] for r in records} == methods and len(records) == 3 * len(methods)
     plain = {r["prompt"]: r["token_ids"] for r in records if r["method"] == "hf_plain"}

@@ -139,6 +139,7 @@ def test_real_data_files_load_when_present():
     (["bench", "--methods", "none,magic"], "unknown methods"),
     (["bench", "--categories", "poetry"], "unknown categories"),
     (["bench", "--max-tokens", "0"], "must be >= 1"),
+    (["bench", "--device", "cuda"], "apply to --backend hf"),
 ])
 def test_bench_cli_bad_input_is_one_line(capsys, argv, msg):
     assert main(argv) == 2

@@ -172,6 +172,9 @@ def run_bench(args: argparse.Namespace) -> dict:
                 rec.update(target_calls=stats.target_calls, proposed=stats.proposed, accepted=stats.accepted,
                            mean_accepted_length=stats.mean_accepted_length)
             records.append(rec)
+            if getattr(args, "records_path", None):  # one JSON line per run, so a cut-short run keeps its data
+                with open(args.records_path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(rec) + "\n")
             print(f"[{i + 1}/{len(prompts)}] {cat:<15} {name:<28} {len(tokens):4d} tok {dt:7.1f} s "
                   f"{len(tokens) / dt:6.2f} tok/s (cpu {cpu:7.1f} s)", file=sys.stderr, flush=True)
     return {"config": {k: v for k, v in vars(args).items() if k != "func"}, "records": records}
