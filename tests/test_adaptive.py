@@ -302,3 +302,25 @@ def test_auto_and_hybrid_match_plain_on_the_real_pair():
             assert res.stats.adaptive["steps"]
     assert engine.cost.target[True].count[1] > 0
     assert engine.cost.draft_token.count[1] > 0  # hybrid drafted with the draft model on the qa prompt
+
+
+def test_auto_slow_start_caps_a_new_requests_blocks():
+    """Other requests' copying makes long n-gram blocks look good; a new request still starts at
+    START_K drafts and doubles its cap only with each block accepted whole."""
+    from specdec.proposers.hybrid import START_K
+
+    cost = FrozenCost(cpu_seconds)
+    run_auto(copy_text(), 150, cost)  # the engine's pool now trusts n-gram matches
+    rng = np.random.default_rng(0)
+    prompt = np.random.default_rng(7).integers(0, 2000, 100).tolist()
+    p = HybridProposer(cost_model=cost, adaptive=True)
+    p.prepare(prompt)
+    context = prompt + prompt[:10]  # a long match: the prompt continues with prompt[10:]
+    caps = []
+    for _ in range(4):
+        drafts = p.propose(context, 16, GREEDY, rng).tokens
+        caps.append(len(drafts))
+        assert drafts == prompt[len(context) - 100:][: len(drafts)]
+        context += drafts + [prompt[len(context) - 100 + len(drafts)]]
+        p.observe(context, len(drafts), len(drafts))
+    assert caps[0] <= START_K and caps[1] <= 2 * START_K and max(caps) > START_K

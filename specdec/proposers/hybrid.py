@@ -40,6 +40,10 @@ DRAFT_MARGIN = 1.05
 """``auto`` considers the draft model only if, with every draft accepted, it would beat plain decoding by
 this factor: a draft that cannot gain 5% even then is not worth its prefill and probes."""
 
+START_K = 2
+"""``auto``'s first cap on drafts per step for each kind of proposal in a request (see
+:meth:`HybridProposer.cap`)."""
+
 PROBE_COST = 2.0
 """A probe step may take at most this many plain steps' time: on a CPU, where scoring 2 tokens costs
 about 2 plain steps, a probe drafts 1 token; on a GPU, where 16 cost about 1, it drafts many."""
@@ -136,6 +140,7 @@ class HybridProposer:
         self.probe = ProbeSchedule()
         self.log = PredictionLog()
         self._stats: dict[str, AcceptanceStats] = {}
+        self._cap: dict[str, int] = {}  # per source (draft, ngram): most drafts allowed now (slow start)
         self._last: str | None = None  # kind of the pending proposal
         self._draft_len = 0  # tokens of the context the draft's cache holds (after the next rollback)
         self._draft_base = 0  # context length when the draft last drafted
@@ -145,6 +150,13 @@ class HybridProposer:
         if kind not in self._stats:
             self._stats[kind] = self.cost.stats(kind)
         return self._stats[kind]
+
+    def cap(self, kind: str) -> int:
+        """Most drafts ``auto`` may propose now from ``kind`` (``"draft"`` or ``"ngram"``): :data:`START_K`
+        at first in a request, doubling each time a block is accepted whole (slow start). Estimates for positions
+        this request has not reached come from other requests; a long block on their word alone can cost
+        a dozen plain steps on a CPU, so k grows only as this text earns it."""
+        return self._cap.get(kind, START_K)
 
     def prepare(self, context: Sequence[int]) -> None:
         """Index the prompt; the draft model is prefilled lazily when it first drafts."""
@@ -197,12 +209,13 @@ class HybridProposer:
             return plain
         options: list[Choice] = []
         if match:
-            c = cm.best_k(self.stats(f"ngram{order}").conditional(len(match)), lambda j: 0.0, greedy)
+            kind = f"ngram{order}"
+            c = cm.best_k(self.stats(kind).conditional(min(len(match), self.cap("ngram"))), lambda j: 0.0, greedy)
             if c is not None:
                 options.append(dataclasses.replace(c, source="ngram"))
         if self.draft is not None:
             cost = lambda j: cm.draft_seconds(j, catchup, greedy)  # noqa: E731
-            c = cm.best_k(self.stats("draft").conditional(k), cost, greedy)
+            c = cm.best_k(self.stats("draft").conditional(min(k, self.cap("draft"))), cost, greedy)
             ub = cm.best_k(np.ones(k), cost, greedy)  # perfect acceptance: could the draft ever pay?
             if c is not None and ub is not None and ub.rate > DRAFT_MARGIN * plain.rate:
                 options.append(dataclasses.replace(c, source="draft"))
@@ -221,10 +234,12 @@ class HybridProposer:
         probe must not start a long draft prefill)."""
         cm, budget = self.cost, PROBE_COST * plain_seconds
         if best.source == "ngram":
-            c = cm.best_k(self.stats(f"ngram{order}").conditional(len(match)), lambda j: 0.0, greedy, budget)
+            kind = f"ngram{order}"
+            c = cm.best_k(self.stats(kind).conditional(min(len(match), self.cap("ngram"))), lambda j: 0.0, greedy,
+                          budget)
         else:
             cost = lambda j: cm.draft_seconds(j, catchup, greedy, horizon=1)  # noqa: E731
-            c = cm.best_k(self.stats("draft").conditional(k), cost, greedy, budget)
+            c = cm.best_k(self.stats("draft").conditional(min(k, self.cap("draft"))), cost, greedy, budget)
         return None if c is None else dataclasses.replace(c, source=best.source, probe=True)
 
     def _log(self, choice: Choice, order: int, catchup: int, greedy: bool) -> None:
@@ -243,6 +258,9 @@ class HybridProposer:
         if self._last is None:
             return
         self.stats(self._last).observe(num_proposed, num_accepted)
+        source = "draft" if self._last == "draft" else "ngram"
+        if self.adaptive and num_accepted == num_proposed:
+            self._cap[source] = 2 * self.cap(source)
         if self._last == "draft":
             self._draft_len = min(self._draft_len, self._draft_base + num_accepted)
         self._last = None
