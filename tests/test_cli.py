@@ -153,3 +153,16 @@ def test_show_accepted_does_not_wrap(capsys, models, monkeypatch):
     plain_code, plain_out, _ = run(capsys, "generate", "Hello there " * 8, "--raw", "--max-tokens", "24",
                                    "--method", "ngram", *models)
     assert code == plain_code == 0 and out == plain_out
+
+
+def test_model_names_pair_the_default_draft_with_the_default_target_only():
+    from specdec.api import model_names
+    from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    assert model_names(None, None, "auto") == (DEFAULT_TARGET, DEFAULT_DRAFT)
+    assert model_names(DEFAULT_TARGET, None, "draft") == (DEFAULT_TARGET, DEFAULT_DRAFT)
+    assert model_names(None, None, "ngram") == (DEFAULT_TARGET, None)
+    assert model_names("my.gguf", None, "auto") == ("my.gguf", None)
+    assert model_names("my.gguf", "d.gguf", "none") == ("my.gguf", "d.gguf")
+    with pytest.raises(ValueError, match="--draft"):
+        model_names("my.gguf", None, "draft")
