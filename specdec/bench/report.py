@@ -74,34 +74,36 @@ def _limit(acc: list[float], table: TimingTable, t_draft: float) -> float:
     return best
 
 
+def _predicted(steps: list[dict], tokens: float, table: TimingTable, t_draft: float) -> float:
+    """Decode speed-up the cost tables predict for ``steps`` (one ``{source: {k: count}}`` per run) that
+    committed ``tokens``: ``tokens / sum(count * (D(k) + S(k+1))) * S(1)``."""
+    seconds = 0.0
+    for by_source in steps:
+        for source, by_k in by_source.items():
+            for k, n in by_k.items():
+                d = int(k) * t_draft if source == "draft" else 0.0
+                seconds += n * (d + table.estimate(int(k) + 1))
+    return _ratio(tokens / seconds, 1 / table.estimate(1)) if seconds > 0 else math.nan
+
+
 def _predicted_fixed(runs: list[dict], source: str, table: TimingTable, t_draft: float) -> float:
     """Decode speed-up the cost tables predict for fixed-k runs from the k used and tokens committed."""
-    tokens = seconds = 0.0
+    steps = []
     for r in runs:
         prop = r.get("proposed_by_position") or []
         calls = r.get("target_calls", 0) - 1  # the first call is the prefill
-        steps = {k: prop[k - 1] - (prop[k] if k < len(prop) else 0) for k in range(1, len(prop) + 1)}
-        steps[0] = calls - (prop[0] if prop else 0)
-        for k, n in steps.items():
-            d = k * t_draft if source == "draft" else 0.0
-            seconds += n * (d + table.estimate(k + 1))
-        tokens += r.get("committed", 0) - 1
-    return _ratio(tokens / seconds, 1 / table.estimate(1)) if seconds > 0 else math.nan
+        by_k = {k: prop[k - 1] - (prop[k] if k < len(prop) else 0) for k in range(1, len(prop) + 1)}
+        by_k[0] = calls - (prop[0] if prop else 0)
+        steps.append({source: by_k})
+    return _predicted(steps, sum(r.get("committed", 0) - 1 for r in runs), table, t_draft)
 
 
 def _predicted_adaptive(runs: list[dict], table: TimingTable, t_draft: float) -> float:
     """Decode speed-up the cost tables predict for hybrid/auto runs from the steps they took (``adaptive.
     steps``: source -> k -> count) and the tokens committed."""
-    tokens = seconds = 0.0
-    for r in runs:
-        steps = (r.get("adaptive") or {}).get("steps") or {}
-        for source, by_k in steps.items():
-            for k, n in by_k.items():
-                d = int(k) * t_draft if source == "draft" else 0.0
-                seconds += n * (d + table.estimate(int(k) + 1))
-        if steps:
-            tokens += r.get("committed", 0) - 1  # the first token came from the prefill
-    return _ratio(tokens / seconds, 1 / table.estimate(1)) if seconds > 0 else math.nan
+    steps = [(r.get("adaptive") or {}).get("steps") or {} for r in runs]
+    tokens = sum(r.get("committed", 0) - 1 for r, s in zip(runs, steps) if s)  # the first token: the prefill's
+    return _predicted(steps, tokens, table, t_draft)
 
 
 def summarize(doc: dict) -> list[dict]:
