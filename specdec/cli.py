@@ -400,11 +400,14 @@ def _bench_hf(args: argparse.Namespace, methods: tuple[str, ...]) -> int:
     if args.per_category < 1 or args.max_tokens < 1:
         raise ValueError("--per-category and --max-tokens must be >= 1")
     data = Path(args.data) if args.data else default_data_dir()
-    ns = argparse.Namespace(
+    peer_parser = argparse.ArgumentParser()
+    hf_peer.add_arguments(peer_parser)
+    ns = peer_parser.parse_args([])  # hf_peer's defaults, then the bench's options
+    vars(ns).update(
         target=args.target, draft=args.draft, questions=str(data / "spec_bench" / "question.jsonl"),
         per_category=args.per_category, max_tokens=args.max_tokens, k=args.draft_k,
         spec=["auto"] if "auto" in methods else [], skip=[] if "none" in methods or not methods else ["specdec_none"],
-        lookup=10, threads=args.threads or 2, device=args.device or "cpu", dtype=args.dtype or "float32",
+        threads=args.threads or 2, device=args.device or "cpu", dtype=args.dtype or "float32",
         n_ctx=args.n_ctx, records_path=str(Path(args.out) / "hf-peer-runs.jsonl"),
     )
     Path(args.out).mkdir(parents=True, exist_ok=True)

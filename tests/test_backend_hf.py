@@ -1,7 +1,8 @@
 """The Hugging Face transformers backend on tiny random-weight Qwen2 models built by the tests (no download):
 KV-cache bookkeeping and rollback, tokenizer bytes, chat template, loading (folders, GGUF through
 transformers' loader with its dequantized cache, hub names offline), the padded-vocabulary rule, and the
-engine on top: greedy speculative output equals greedy plain output, self-speculation accepts >= 99%."""
+oneDNN-prepacked linear layers, and the engine on top: greedy speculative output equals greedy plain
+output (dense and prepacked), self-speculation accepts >= 99%."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tiny_hf import tiny_qwen2, tiny_tokenizer  # noqa: E402
 
 from specdec.backends.base import BackendError  # noqa: E402
 from specdec.backends.hf import HFBackend  # noqa: E402
+from specdec.backends.hf_cpu import prepack_available, prepack_linears  # noqa: E402
 from specdec.backends.hf_loading import parse_device, parse_dtype, resolve_checkpoint  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
 from specdec.types import SamplingParams, SpecConfig  # noqa: E402
@@ -225,11 +227,60 @@ def _score_all(b: HFBackend, tokens: list[int]) -> np.ndarray:
         b.free_sequence(seq)
 
 
+# -- oneDNN-prepacked linear layers ----------------------------------------------------------------
+
+
+@pytest.mark.skipif(not prepack_available(), reason="this torch build has no oneDNN")
+def test_prepacked_linear_matches_dense_linear():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(48, 40), torch.nn.GELU(), torch.nn.Linear(40, 24, bias=False),
+                                torch.nn.Linear(24, 8).to(torch.bfloat16))
+    x = torch.randn(1, 9, 48)[:, 3:]  # a strided view, as logits_to_keep hands the LM head
+    with torch.no_grad():
+        ref = model[:3](x)
+    assert prepack_linears(model) == 2  # the bfloat16 layer is left alone
+    assert [type(m).__name__ for m in model] == ["PrepackedLinear", "GELU", "PrepackedLinear", "Linear"]
+    assert model[0].weight.shape == (40, 48) and model[2].bias is None
+    with torch.inference_mode():
+        out = model[:3](x)
+    assert out.shape == (1, 6, 24) and out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    # one row scored alone equals that row scored among others, to float32 rounding
+    with torch.inference_mode():
+        torch.testing.assert_close(model[:3](x[:, :1]), out[:, :1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not prepack_available(), reason="this torch build has no oneDNN")
+def test_load_prepacks_on_cpu_float32_only(tmp_path, hf_tiny_target):
+    folder = tmp_path / "tiny-folder"
+    hf_tiny_target.model.save_pretrained(folder)
+    hf_tiny_target.tokenizer.save_pretrained(folder)
+    kinds = {}
+    for label, kw in {"default": {}, "off": {"prepack": False}, "bf16": {"dtype": "bfloat16"}}.items():
+        b = HFBackend.load(str(folder), progress=False, **kw)
+        kinds[label] = {type(m).__name__ for m in b.model.modules() if "Linear" in type(m).__name__}
+    assert kinds == {"default": {"PrepackedLinear"}, "off": {"Linear"}, "bf16": {"Linear"}}
+
+
 # -- engine on the backend -------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def hf_prepacked_pair(hf_tiny_target, hf_tiny_draft):
+    """Copies of the tiny pair with oneDNN-prepacked linear layers (what ``HFBackend.load`` gives on CPU)."""
+    import copy
+
+    if not prepack_available():
+        pytest.skip("this torch build has no oneDNN")
+    return tuple(HFBackend(copy.deepcopy(b.model), b.tokenizer, n_ctx=b.n_ctx, n_seq_max=b.n_seq_max,
+                           name=f"{b.name}-prepacked", prepack=True) for b in (hf_tiny_target, hf_tiny_draft))
+
+
+@pytest.mark.parametrize("prepacked", [False, True], ids=["dense", "prepacked"])
 @pytest.mark.parametrize("method,k", [("draft", 1), ("draft", 3), ("draft", 5), ("ngram", 4)])
-def test_greedy_speculative_equals_plain(hf_tiny_target, hf_tiny_draft, method, k):
+def test_greedy_speculative_equals_plain(request, hf_tiny_target, hf_tiny_draft, method, k, prepacked):
+    if prepacked:
+        hf_tiny_target, hf_tiny_draft = request.getfixturevalue("hf_prepacked_pair")
     engine = Engine(hf_tiny_target, hf_tiny_draft, SpecConfig(method="draft"))
     plain = engine.generate(PROMPT, GREEDY, SpecConfig(method="none"))
     assert len(plain.token_ids) >= 12, "the tiny model should not stop at once"
@@ -380,8 +431,11 @@ def test_hf_peer_benchmark_smoke(tmp_path, hf_tiny_target, hf_tiny_draft, capsys
                          "--max-tokens", "6", "--threads", "1", "--n-ctx", "256", "--out", str(out)]) == 0
     table = capsys.readouterr().out
     assert all(f"| {c} |" in table for c in ("mt_bench", "translation", "summarization", "all"))
+    assert "| draft / assisted | draft / assisted_prepacked | ngram / lookup | ngram / lookup_prepacked |" in table
     records = json.loads((out / "hf-peer.json").read_text())["records"]
-    methods = {"hf_plain", "hf_assisted", "hf_lookup", "specdec_none", "specdec_draft", "specdec_ngram"}
+    # float32 on CPU: the peers run on stock copies and on specdec's prepacked models (--peer-models both)
+    methods = {"hf_plain", "hf_assisted", "hf_lookup", "hf_assisted_prepacked", "hf_lookup_prepacked",
+               "specdec_none", "specdec_draft", "specdec_ngram"}
     assert {r["method"] for r in records} == methods and len(records) == 3 * len(methods)
     plain = {r["prompt"]: r["token_ids"] for r in records if r["method"] == "hf_plain"}
     assert all(r["token_ids"] == plain[r["prompt"]] for r in records)

@@ -10,8 +10,9 @@ tokens 2 and 3 are the first two of the first speculative block: token 3 is wher
 
 The exact distribution comes from tests/reference_sampling.py, an independent naive implementation of
 the rules, on the target's logits for each prefix. Models: tests/fake_lm.py's table LM (context-
-dependent, 40 tokens; its draft is the same tables plus noise) for the full matrix, and the tiny GGUF
-models through llama.cpp for a few cells.
+dependent, 40 tokens; its draft is the same tables plus noise) for the full matrix, and for a few cells
+the tiny GGUF models through llama.cpp and tiny random-weight transformers models through the
+transformers backend.
 
 Significance: family-wise alpha 0.01 over all lossless tests, Bonferroni-corrected (ALPHA per test).
 Seeds are fixed per cell, so the outcome is deterministic; "alpha" is the chance over seed choices.
@@ -61,7 +62,8 @@ MATRIX = [(name, k, method, verify) for name in SETTINGS for k in (1, 3, 5) for 
           for verify in ("token", "block")]
 GGUF_CELLS = [("combined_all", 3, "draft", "token"), ("combined_all", 5, "draft", "block"),
               ("min_tokens", 3, "draft", "block"), ("presence_penalty", 3, "ngram", "token")]
-ALPHA = FWER / (len(MATRIX) + len(GGUF_CELLS))
+HF_CELLS = GGUF_CELLS + [("temperature", 1, "draft", "token"), ("top_p", 3, "ngram", "block")]
+ALPHA = FWER / (len(MATRIX) + len(GGUF_CELLS) + len(HF_CELLS))
 
 
 def cell_seed(*key) -> int:
@@ -113,25 +115,50 @@ def test_lossless_matrix(table_pair, name, k, method, verify):
     assert fit.p_value > ALPHA, (name, k, method, verify, fit.chi2, fit.dof, fit.p_value, fit.tv)
 
 
+def backend_pair(target, draft):
+    """``(engine, prompt, logits_after)`` for a pair of real backends; the exact distribution's logits
+    are the target's own, scored on a fresh sequence for each prefix."""
+    from specdec.backends.base import SequenceCache
+
+    engine = Engine(target, draft, SpecConfig(method="draft"))
+
+    def logits_after(ids):
+        cache = SequenceCache(target)
+        try:
+            return cache.score(list(ids), 1)[0]
+        finally:
+            cache.free()
+
+    # 64 tokens: the tiny model's greedy chain starts repeating itself, so n-gram drafts match
+    prompt = greedy_chain(logits_after, engine.encode_prompt("The quick brown fox"), 64, target.eog_ids)
+    return engine, prompt, logits_after
+
+
 @pytest.fixture(scope="module")
 def gguf_pair(tiny_model_dir):
     tpath = write_tiny_qwen2_gguf(tiny_model_dir / "lossless-target.gguf", seed=0)
     dpath = write_tiny_qwen2_gguf(tiny_model_dir / "lossless-draft.gguf", seed=0, perturb=0.1)
     with tiny_backend(tpath, n_ctx=128) as target, tiny_backend(dpath, n_ctx=128) as draft:
-        engine = Engine(target, draft, SpecConfig(method="draft"))
+        yield backend_pair(target, draft)
 
-        def logits_after(ids):
-            from specdec.backends.base import SequenceCache
 
-            cache = SequenceCache(target)
-            try:
-                return cache.score(list(ids), 1)[0]
-            finally:
-                cache.free()
+@pytest.fixture(scope="module")
+def hf_pair():
+    """The tiny random-weight transformers pair (a target and its noisy layer-skip draft) on the
+    transformers backend, with oneDNN-prepacked linear layers where torch has them (as ``HFBackend.load``
+    gives on CPU)."""
+    pytest.importorskip("transformers")
+    from tiny_hf import layer_skip_draft, tiny_qwen2, tiny_tokenizer
 
-        # 64 tokens: the tiny model's greedy chain starts repeating itself, so n-gram drafts match
-        prompt = greedy_chain(logits_after, engine.encode_prompt("The quick brown fox"), 64, target.eog_ids)
-        yield engine, prompt, logits_after
+    from specdec.backends.hf import HFBackend
+    from specdec.backends.hf_cpu import prepack_available
+
+    model, tokenizer = tiny_qwen2(0), tiny_tokenizer()
+    draft = layer_skip_draft(model, n_layer=1, noise=0.1)
+    target, draft = (HFBackend(m, tokenizer, n_ctx=128, n_seq_max=4, name=name, n_threads=1,
+                               prepack=prepack_available())
+                     for m, name in ((model, "hf-lossless-target"), (draft, "hf-lossless-draft")))
+    return backend_pair(target, draft)
 
 
 GGUF_N = 300
@@ -144,6 +171,19 @@ def test_lossless_tiny_gguf(gguf_pair, name, k, method, verify):
     eog = sorted(engine.target.eog_ids)
     bias = {eog[0] if t == EOG else t: b for t, b in SETTINGS[name].logit_bias.items()}
     params = SETTINGS[name].replace(logit_bias=bias, seed=cell_seed("gguf", name, k, method, verify))
+    table, fit, stats = run_cell(engine, prompt, logits_after, params, k, method, verify, n=GGUF_N)
+    assert len(table.probs) >= 4
+    assert stats["proposed"] > 0 and stats["accepted"] > 0, stats
+    assert fit.p_value > ALPHA, (name, k, method, verify, fit.chi2, fit.dof, fit.p_value, fit.tv, stats)
+
+
+@pytest.mark.parametrize("name, k, method, verify", HF_CELLS)
+def test_lossless_tiny_hf(hf_pair, name, k, method, verify):
+    """The same test through the transformers backend (tiny random-weight Qwen2, 283 tokens)."""
+    engine, prompt, logits_after = hf_pair
+    eog = sorted(engine.target.eog_ids)
+    bias = {eog[0] if t == EOG else t: b for t, b in SETTINGS[name].logit_bias.items()}
+    params = SETTINGS[name].replace(logit_bias=bias, seed=cell_seed("hf", name, k, method, verify))
     table, fit, stats = run_cell(engine, prompt, logits_after, params, k, method, verify, n=GGUF_N)
     assert len(table.probs) >= 4
     assert stats["proposed"] > 0 and stats["accepted"] > 0, stats

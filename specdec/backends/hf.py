@@ -8,7 +8,8 @@ them. Several sequences in one call are evaluated one forward pass each (no left
 Models with sliding-window attention layers are untested: transformers refuses to crop such a layer once
 its window is full.
 
-Works on CPU and CUDA in float32, bfloat16 or float16; logits are returned as float32 numpy arrays,
+Works on CPU and CUDA in float32, bfloat16 or float16 (on CPU in float32, :meth:`HFBackend.load` swaps
+the linear layers for oneDNN-prepacked ones: :mod:`specdec.backends.hf_cpu`); logits are returned as float32 numpy arrays,
 so the sampling and verification math (:mod:`specdec.sampling`, :mod:`specdec.verify`) is the one
 shared with the llama.cpp backend. Loading (hub names, folders, GGUF files and their dequantized cache)
 lives in :mod:`specdec.backends.hf_loading`.
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 
 from specdec.backends.base import BackendError
+from specdec.backends.hf_cpu import prepack_linears
 from specdec.backends.hf_tokens import TokenTexts
 
 
@@ -50,17 +52,22 @@ class HFBackend:
         unused_token_ids: Padding ids to leave out of :meth:`vocab_fingerprint` (a dequantized GGUF's
             ``[PAD...]`` tokens); ids past the tokenizer's length are always left out.
         n_threads: torch CPU threads (process-wide: ``torch.set_num_threads``); ``None`` leaves torch's.
+        prepack: Swap the model's float32 CPU ``nn.Linear`` layers, in place, for oneDNN-prepacked ones
+            (:mod:`specdec.backends.hf_cpu`): ~1.6x faster decoding on CPU, and scoring k+1 tokens costs
+            far less over one token. The model can then no longer be saved or trained.
 
     Raises:
         ValueError: on an out-of-range size.
     """
 
     def __init__(self, model, tokenizer, *, n_ctx: int = 4096, n_seq_max: int = 8, name: str | None = None,
-                 unused_token_ids: Sequence[int] = (), n_threads: int | None = None):
+                 unused_token_ids: Sequence[int] = (), n_threads: int | None = None, prepack: bool = False):
         if n_ctx < 1 or n_seq_max < 1:
             raise ValueError(f"n_ctx and n_seq_max must be >= 1, got {n_ctx}, {n_seq_max}")
         if n_threads:
             torch.set_num_threads(n_threads)
+        if prepack:
+            prepack_linears(model)
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -82,7 +89,8 @@ class HFBackend:
 
     @classmethod
     def load(cls, source: str, *, device: str = "cpu", dtype: str = "float32", n_ctx: int = 4096,
-             n_seq_max: int = 8, n_threads: int | None = None, progress: bool = True) -> "HFBackend":
+             n_seq_max: int = 8, n_threads: int | None = None, progress: bool = True,
+             prepack: bool | None = None) -> "HFBackend":
         """Load a model from a local folder, a hub name, a GGUF file or a known model name.
 
         Args:
@@ -91,6 +99,7 @@ class HFBackend:
             dtype: ``float32``, ``bfloat16`` or ``float16``.
             n_ctx, n_seq_max, n_threads: As for the constructor.
             progress: Show download/dequantization progress.
+            prepack: As for the constructor; ``None`` (default) prepacks on CPU in float32.
 
         Raises:
             ValueError: bad device/dtype, or a checkpoint that cannot be loaded.
@@ -102,8 +111,10 @@ class HFBackend:
             torch.set_num_threads(n_threads)
         checkpoint, name = L.resolve_checkpoint(source, progress=progress)
         model, tokenizer = L.load_model_and_tokenizer(checkpoint, torch_dtype, torch_device)
+        if prepack is None:
+            prepack = torch_device.type == "cpu" and torch_dtype == torch.float32
         return cls(model, tokenizer, n_ctx=n_ctx, n_seq_max=n_seq_max, name=name,
-                   unused_token_ids=L.unused_token_ids(checkpoint))
+                   unused_token_ids=L.unused_token_ids(checkpoint), prepack=prepack)
 
     def _eog_ids(self) -> set[int]:
         """End-of-generation ids: the generation config's ``eos_token_id`` (int or list; what

@@ -7,9 +7,16 @@ Peers (same process, same model objects, same prompts, same token budget, greedy
   defaults: up to 20 draft tokens, drafting stops when the draft's top probability is below 0.4);
 - ``hf_lookup``: ``model.generate(..., prompt_lookup_num_tokens=N)`` (prompt lookup decoding);
 
-against specdec's engine on :class:`~specdec.backends.hf.HFBackend` wrapping the very same models:
-``specdec_none`` (plain, the engine's overhead), ``specdec_draft`` and ``specdec_ngram``, plus any extra
-``--spec`` (e.g. ``auto``). Methods run interleaved per prompt, in an order rotated from prompt to
+against specdec's engine on :class:`~specdec.backends.hf.HFBackend`: ``specdec_none`` (plain, the
+engine's overhead), ``specdec_draft`` and ``specdec_ngram``, plus any extra ``--spec`` (e.g. ``auto``).
+
+On CPU in float32, specdec's backend runs oneDNN-prepacked linear layers (:mod:`specdec.backends.hf_cpu`),
+which transformers does not do by itself. ``--peer-models`` says what the peers run on: ``stock`` (their
+own copies of the models, as a transformers user runs them), ``shared`` (specdec's prepacked model
+objects: the methods differ only in their algorithm; labels ``hf_*_prepacked``) or ``both`` (default;
+the stock peers, and assisted generation and prompt lookup on the prepacked models, with ``specdec_none``
+as the plain reference there).
+Without prepacking (GPU, half precision) both are the very same models and the peers run once. Methods run interleaved per prompt, in an order rotated from prompt to
 prompt, so machine noise hits all alike; only ratios measured in this one run are meaningful.
 
 Prompts: the first ``--per-category`` questions of each Spec-Bench category (first turn, rendered with
@@ -106,15 +113,26 @@ def run_bench(args: argparse.Namespace) -> dict:
     import torch
 
     from specdec.backends.hf import HFBackend
+    from specdec.backends.hf_cpu import PrepackedLinear
     from specdec.engine import Engine
     from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
     from specdec.types import SamplingParams, SpecConfig
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
+    target_name, draft_name = args.target or DEFAULT_TARGET, args.draft or DEFAULT_DRAFT
     common = dict(device=args.device, dtype=args.dtype, n_ctx=args.n_ctx, n_seq_max=2, n_threads=args.threads)
-    target = HFBackend.load(args.target or DEFAULT_TARGET, **common)
-    draft = HFBackend.load(args.draft or DEFAULT_DRAFT, **common)
+    target, draft = HFBackend.load(target_name, **common), HFBackend.load(draft_name, **common)
+    prepacked = isinstance(target.model.get_output_embeddings(), PrepackedLinear)
+    peers = []  # (label suffix, target model, draft model, methods)
+    every = ("plain", "assisted", "lookup")
+    if prepacked and args.peer_models in ("stock", "both"):
+        stock = [HFBackend.load(m, **common, prepack=False).model for m in (target_name, draft_name)]
+        peers.append(("", *stock, every))
+    if args.peer_models in ("shared", "both") or not prepacked:
+        # with both, specdec_none is the plain reference on the prepacked models
+        shared = every[1:] if prepacked and args.peer_models == "both" else every
+        peers.append(("_prepacked" if prepacked else "", target.model, draft.model, shared))
     print(f"loaded {target.name} and {draft.name} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     engine = Engine(target, draft, SpecConfig(method="draft"))
     eos, pad = sorted(target.eog_ids), int(target.tokenizer.pad_token_id or min(target.eog_ids))
@@ -126,8 +144,8 @@ def run_bench(args: argparse.Namespace) -> dict:
 
     def methods_for(ids_list: list[int]):
         ids = torch.tensor([ids_list], device=target.device)
-        runs = {f"hf_{m}": _hf_runner(target.model, draft.model, ids, eos, pad, args.max_tokens, m, args.lookup)
-                for m in ("plain", "assisted", "lookup") if f"hf_{m}" not in args.skip}
+        runs = {f"hf_{m}{suffix}": _hf_runner(t, d, ids, eos, pad, args.max_tokens, m, args.lookup)
+                for suffix, t, d, modes in peers for m in modes if f"hf_{m}{suffix}" not in args.skip}
         for label, spec in specs:
             def run(spec=spec):
                 res = engine.generate(ids_list, params, spec)
@@ -144,8 +162,9 @@ def run_bench(args: argparse.Namespace) -> dict:
             calls[role][1] += 0 if ids is None else int(ids.shape[-1])
         return hook
 
-    target.model.register_forward_pre_hook(counter("target"), with_kwargs=True)
-    draft.model.register_forward_pre_hook(counter("draft"), with_kwargs=True)
+    for t, d in {(id(t), id(d)): (t, d) for _, t, d, _ in peers + [("", target.model, draft.model, ())]}.values():
+        t.register_forward_pre_hook(counter("target"), with_kwargs=True)
+        d.register_forward_pre_hook(counter("draft"), with_kwargs=True)
     prompts = load_prompts(Path(args.questions), args.per_category)
     warm = target.tokenize(target.apply_chat_template([{"role": "user", "content": "Say hi."}]), special=True)
     for run in methods_for(warm).values():  # first-call costs (allocator, lazy inits) out of the timings
@@ -172,7 +191,7 @@ def run_bench(args: argparse.Namespace) -> dict:
                 rec.update(target_calls=stats.target_calls, proposed=stats.proposed, accepted=stats.accepted,
                            mean_accepted_length=stats.mean_accepted_length)
             records.append(rec)
-            if getattr(args, "records_path", None):  # one JSON line per run, so a cut-short run keeps its data
+            if args.records_path:  # one JSON line per run, so a cut-short run keeps its data
                 with open(args.records_path, "a", encoding="utf-8") as f:
                     f.write(json.dumps(rec) + "\n")
             print(f"[{i + 1}/{len(prompts)}] {cat:<15} {name:<28} {len(tokens):4d} tok {dt:7.1f} s "
@@ -180,13 +199,21 @@ def run_bench(args: argparse.Namespace) -> dict:
     return {"config": {k: v for k, v in vars(args).items() if k != "func"}, "records": records}
 
 
+GOALS = (("specdec_draft", "hf_assisted"), ("specdec_draft", "hf_assisted_prepacked"),
+         ("specdec_auto", "hf_assisted"), ("specdec_auto", "hf_assisted_prepacked"),
+         ("specdec_ngram", "hf_lookup"), ("specdec_ngram", "hf_lookup_prepacked"))
+"""The ratio columns of :func:`summarize` (specdec method, peer method), where both ran."""
+
+
 def summarize(records: list[dict], clock: str = "seconds") -> str:
     """Markdown table: tokens/s per category and method (sum of tokens / sum of ``clock``: wall
     ``"seconds"`` or process ``"cpu_seconds"``, the latter robust to a shared, oversubscribed machine),
-    speed-up over ``hf_plain``, the two goal ratios, tokens per target call, and greedy agreement with
-    ``hf_plain``."""
+    speed-up over ``hf_plain`` (or ``hf_plain_prepacked`` without it), the goal ratios of :data:`GOALS`,
+    tokens per target call, and greedy agreement with that reference."""
     by = defaultdict(lambda: [0, 0.0])  # new tokens, seconds
-    plain = {r["prompt"]: r["token_ids"] for r in records if r["method"] == "hf_plain"}
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    ref = "hf_plain" if "hf_plain" in methods else "hf_plain_prepacked"
+    plain = {r["prompt"]: r["token_ids"] for r in records if r["method"] == ref}
     same = defaultdict(list)
     for r in records:
         for key in ((r["category"], r["method"]), ("all", r["method"])):
@@ -194,18 +221,17 @@ def summarize(records: list[dict], clock: str = "seconds") -> str:
             by[key][1] += r[clock]
         same[r["method"]].append(r["token_ids"] == plain.get(r["prompt"]))
     cats = sorted({c for c, _ in by if c != "all"}) + ["all"]
-    methods = list(dict.fromkeys(r["method"] for r in records))
+    goals = [(a, b) for a, b in GOALS if a in methods and b in methods]
     tps = {k: v[0] / v[1] for k, v in by.items() if v[1] > 0}
-    lines = ["| category | " + " | ".join(methods) + " | draft / assisted | ngram / lookup |",
-             "|---" * (len(methods) + 3) + "|"]
+    lines = ["| category | " + " | ".join(methods + [f"{a[8:]} / {b[3:]}" for a, b in goals]) + " |",
+             "|---" * (len(methods) + len(goals) + 1) + "|"]
+    nan = float("nan")
     for c in cats:
-        nan = float("nan")
-        cells = [f"{tps[(c, m)]:.2f} ({tps[(c, m)] / tps.get((c, 'hf_plain'), nan):.2f}x)" for m in methods]
-        ratio_d = tps.get((c, "specdec_draft"), nan) / tps.get((c, "hf_assisted"), nan)
-        ratio_n = tps.get((c, "specdec_ngram"), nan) / tps.get((c, "hf_lookup"), nan)
-        lines.append(f"| {c} | " + " | ".join(cells) + f" | {ratio_d:.2f} | {ratio_n:.2f} |")
+        cells = [f"{tps[(c, m)]:.2f} ({tps[(c, m)] / tps.get((c, ref), nan):.2f}x)" for m in methods]
+        cells += [f"{tps.get((c, a), nan) / tps.get((c, b), nan):.2f}" for a, b in goals]
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append(f"tokens/s by {clock} (speed-up over hf_plain), prefill included. Identical to hf_plain's greedy output: "
+    lines.append(f"tokens/s by {clock} (speed-up over {ref}), prefill included. Identical to {ref}'s greedy output: "
                  + ", ".join(f"{m} {sum(s)}/{len(s)}" for m, s in same.items()))
     fw = defaultdict(lambda: [0, 0, 0])  # new tokens, target forwards, draft forwards
     for r in records:
@@ -233,8 +259,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default float32)")
+    p.add_argument("--peer-models", choices=("stock", "shared", "both"), default="both",
+                   help="transformers' methods on their own stock models, on specdec's prepacked ones, or both "
+                        "(default both; only differs on CPU in float32)")
     p.add_argument("--n-ctx", type=int, default=4096, help="context window (default 4096)")
     p.add_argument("--out", help="write the records and the table as JSON here")
+    p.add_argument("--records-path", help="append each run's record here as a JSON line, as it finishes")
 
 
 def main(argv: list[str] | None = None) -> int:
