@@ -164,30 +164,19 @@ def hf_pair():
 GGUF_N = 300
 
 
-@pytest.mark.parametrize("name, k, method, verify", GGUF_CELLS)
-def test_lossless_tiny_gguf(gguf_pair, name, k, method, verify):
-    """The same test through llama.cpp (tiny random-weight GGUF models, 283 tokens)."""
-    engine, prompt, logits_after = gguf_pair
+@pytest.mark.parametrize("backend, name, k, method, verify", [("gguf", *c) for c in GGUF_CELLS]
+                         + [("hf", *c) for c in HF_CELLS])
+def test_lossless_tiny_backends(request, backend, name, k, method, verify):
+    """The same test through llama.cpp (tiny random-weight GGUF models) and through the transformers
+    backend (tiny random-weight transformers Qwen2 models); 283 tokens either way."""
+    engine, prompt, logits_after = request.getfixturevalue(f"{backend}_pair")
     eog = sorted(engine.target.eog_ids)
     bias = {eog[0] if t == EOG else t: b for t, b in SETTINGS[name].logit_bias.items()}
-    params = SETTINGS[name].replace(logit_bias=bias, seed=cell_seed("gguf", name, k, method, verify))
+    params = SETTINGS[name].replace(logit_bias=bias, seed=cell_seed(backend, name, k, method, verify))
     table, fit, stats = run_cell(engine, prompt, logits_after, params, k, method, verify, n=GGUF_N)
     assert len(table.probs) >= 4
     assert stats["proposed"] > 0 and stats["accepted"] > 0, stats
-    assert fit.p_value > ALPHA, (name, k, method, verify, fit.chi2, fit.dof, fit.p_value, fit.tv, stats)
-
-
-@pytest.mark.parametrize("name, k, method, verify", HF_CELLS)
-def test_lossless_tiny_hf(hf_pair, name, k, method, verify):
-    """The same test through the transformers backend (tiny random-weight Qwen2, 283 tokens)."""
-    engine, prompt, logits_after = hf_pair
-    eog = sorted(engine.target.eog_ids)
-    bias = {eog[0] if t == EOG else t: b for t, b in SETTINGS[name].logit_bias.items()}
-    params = SETTINGS[name].replace(logit_bias=bias, seed=cell_seed("hf", name, k, method, verify))
-    table, fit, stats = run_cell(engine, prompt, logits_after, params, k, method, verify, n=GGUF_N)
-    assert len(table.probs) >= 4
-    assert stats["proposed"] > 0 and stats["accepted"] > 0, stats
-    assert fit.p_value > ALPHA, (name, k, method, verify, fit.chi2, fit.dof, fit.p_value, fit.tv, stats)
+    assert fit.p_value > ALPHA, (backend, name, k, method, verify, fit.chi2, fit.dof, fit.p_value, fit.tv, stats)
 
 
 # -- power: the same test rejects lossy engines -------------------------------------------------------
