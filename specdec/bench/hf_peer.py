@@ -1,6 +1,6 @@
 """specdec's transformers backend against transformers' own speculative decoding, in one run.
 
-Peers (same process, same model objects, same prompts, same token budget, greedy):
+Peers (same process, same weights, same prompts, same token budget, greedy):
 
 - ``hf_plain``: ``model.generate(...)``;
 - ``hf_assisted``: ``model.generate(..., assistant_model=draft)`` (assisted generation; transformers'
@@ -15,9 +15,11 @@ which transformers does not do by itself. ``--peer-models`` says what the peers 
 own copies of the models, as a transformers user runs them), ``shared`` (specdec's prepacked model
 objects: the methods differ only in their algorithm; labels ``hf_*_prepacked``) or ``both`` (default;
 the stock peers, and assisted generation and prompt lookup on the prepacked models, with ``specdec_none``
-as the plain reference there).
-Without prepacking (GPU, half precision) both are the very same models and the peers run once. Methods run interleaved per prompt, in an order rotated from prompt to
-prompt, so machine noise hits all alike; only ratios measured in this one run are meaningful.
+as the plain reference there). Without prepacking (GPU, half precision) both are the very same models
+and the peers run once.
+
+Methods run interleaved per prompt, in an order rotated from prompt to prompt, so machine noise hits all
+alike; only ratios measured in this one run are meaningful.
 
 Prompts: the first ``--per-category`` questions of each Spec-Bench category (first turn, rendered with
 the chat template). Tokens/s counts new tokens over the wall time of the whole call, prefill included.
