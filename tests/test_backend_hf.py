@@ -194,15 +194,32 @@ def test_bad_device_dtype_and_unreachable_hub(tmp_path, monkeypatch):
         HFBackend.load("some-org/some-model", progress=False)
     empty = tmp_path / "empty"
     empty.mkdir()
+    with pytest.raises(ValueError, match="not a Hugging Face model folder"):
+        HFBackend.load(str(empty), progress=False)
+    (empty / "config.json").write_text("{}")  # a folder that looks like a model but holds none
     with pytest.raises(ValueError, match="cannot load"):
         HFBackend.load(str(empty), progress=False)
+    for missing in (str(tmp_path / "missing"), "./missing-model", "~/missing-model"):
+        with pytest.raises(ValueError, match="no such file or folder"):
+            resolve_checkpoint(missing, progress=False)
 
 
-def test_gguf_through_transformers_matches_llama_cpp(tmp_path, monkeypatch, tiny_target, tiny_target_path):
+def test_non_gguf_file_is_refused_before_any_message(tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("hello")
+    with pytest.raises(ValueError, match="neither a Hugging Face model folder nor a GGUF file"):
+        resolve_checkpoint(str(notes), progress=True)
+    assert capsys.readouterr().out == ""
+
+
+def test_gguf_through_transformers_matches_llama_cpp(tmp_path, monkeypatch, capsys, tiny_target, tiny_target_path):
     """The tiny GGUF loaded by transformers' GGUF loader (dequantized, cached as safetensors) gives the
-    llama.cpp backend's logits, tokens and bytes; the second load reads the cache."""
+    llama.cpp backend's logits, tokens and bytes; the second load reads the cache. The one-time
+    dequantization message goes to stderr (stdout carries only generated text or --json)."""
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    hf = HFBackend.load(str(tiny_target_path), progress=False)
+    hf = HFBackend.load(str(tiny_target_path), progress=True)
+    out, err = capsys.readouterr()
+    assert "dequantizing" not in out and "dequantizing" in err
     folders = list((tmp_path / "cache" / "hf").iterdir())
     assert len(folders) == 1 and (folders[0] / "model.safetensors").is_file()
     text = "The quick brown fox jumps over the lazy dog. héllo 世界"

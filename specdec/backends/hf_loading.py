@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -164,23 +165,31 @@ def resolve_checkpoint(source: str, *, progress: bool = True) -> tuple[str, str]
         ``(checkpoint, name)``: a folder or hub name, and a short human-readable model name.
 
     Raises:
-        ValueError: for a GGUF transformers cannot load.
+        ValueError: for a folder without ``config.json``, a file that is not GGUF, a GGUF transformers
+            cannot load, or a path (``/``, ``.``, ``~``) that does not exist.
         specdec.models.ModelDownloadError: when a known model cannot be fetched.
     """
     from specdec.models import KNOWN_MODELS, resolve_model
 
     path = Path(source).expanduser()
     if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{path} is not a Hugging Face model folder (it has no config.json)")
         return str(path), path.name
     if path.is_file() or source in KNOWN_MODELS:
         gguf_path = resolve_model(source, progress=progress)
+        with open(gguf_path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise ValueError(f"{gguf_path} is neither a Hugging Face model folder nor a GGUF file")
         folder = gguf_cache_folder(gguf_path)
         if not (folder / "model.safetensors").is_file():
-            if progress:
+            if progress:  # stderr: stdout carries only the generated text (or --json)
                 print(f"specdec: dequantizing {gguf_path.name} for transformers once (about a minute per "
-                      f"billion parameters); cached in {folder}", flush=True)
+                      f"billion parameters); cached in {folder}", file=sys.stderr, flush=True)
             dequantize_gguf(gguf_path, folder)
         return str(folder), gguf_path.name.removesuffix(".gguf")
+    if source.startswith(("/", ".", "~")) or "\\" in source:  # a path, not an org/name hub id
+        raise ValueError(f"no such file or folder: {source}")
     return source, source.rsplit("/", 1)[-1]
 
 
