@@ -85,6 +85,21 @@ def hf_tiny_draft(hf_tiny_target):
                      name="hf-tiny-draft")
 
 
+@pytest.fixture(scope="session")
+def hf_prepacked_pair(hf_tiny_target, hf_tiny_draft):
+    """Copies of the tiny transformers pair with oneDNN-prepacked linear layers (what ``HFBackend.load``
+    gives on CPU); skipped where torch has no oneDNN."""
+    import copy
+
+    from specdec.backends.hf import HFBackend
+    from specdec.backends.hf_cpu import prepack_available
+
+    if not prepack_available():
+        pytest.skip("this torch build has no oneDNN")
+    return tuple(HFBackend(copy.deepcopy(b.model), b.tokenizer, n_ctx=b.n_ctx, n_seq_max=b.n_seq_max,
+                           name=f"{b.name}-prepacked", prepack=True) for b in (hf_tiny_target, hf_tiny_draft))
+
+
 TINY_PAIRS = {"llama.cpp": ("tiny_target", "tiny_draft"), "hf": ("hf_tiny_target", "hf_tiny_draft")}
 """Backend name -> (target fixture, draft fixture) of the tiny model pairs."""
 

@@ -276,21 +276,11 @@ def test_load_prepacks_on_cpu_float32_only(tmp_path, hf_tiny_target):
     for label, kw in {"default": {}, "off": {"prepack": False}, "bf16": {"dtype": "bfloat16"}}.items():
         b = HFBackend.load(str(folder), progress=False, **kw)
         kinds[label] = {type(m).__name__ for m in b.model.modules() if "Linear" in type(m).__name__}
+        assert b.prepacked == (label == "default")
     assert kinds == {"default": {"PrepackedLinear"}, "off": {"Linear"}, "bf16": {"Linear"}}
 
 
 # -- engine on the backend -------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def hf_prepacked_pair(hf_tiny_target, hf_tiny_draft):
-    """Copies of the tiny pair with oneDNN-prepacked linear layers (what ``HFBackend.load`` gives on CPU)."""
-    import copy
-
-    if not prepack_available():
-        pytest.skip("this torch build has no oneDNN")
-    return tuple(HFBackend(copy.deepcopy(b.model), b.tokenizer, n_ctx=b.n_ctx, n_seq_max=b.n_seq_max,
-                           name=f"{b.name}-prepacked", prepack=True) for b in (hf_tiny_target, hf_tiny_draft))
 
 
 @pytest.mark.parametrize("prepacked", [False, True], ids=["dense", "prepacked"])

@@ -143,22 +143,10 @@ def gguf_pair(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def hf_pair():
-    """The tiny random-weight transformers pair (a target and its noisy layer-skip draft) on the
-    transformers backend, with oneDNN-prepacked linear layers where torch has them (as ``HFBackend.load``
-    gives on CPU)."""
-    pytest.importorskip("transformers")
-    from tiny_hf import layer_skip_draft, tiny_qwen2, tiny_tokenizer
-
-    from specdec.backends.hf import HFBackend
-    from specdec.backends.hf_cpu import prepack_available
-
-    model, tokenizer = tiny_qwen2(0), tiny_tokenizer()
-    draft = layer_skip_draft(model, n_layer=1, noise=0.1)
-    target, draft = (HFBackend(m, tokenizer, n_ctx=128, n_seq_max=4, name=name, n_threads=1,
-                               prepack=prepack_available())
-                     for m, name in ((model, "hf-lossless-target"), (draft, "hf-lossless-draft")))
-    return backend_pair(target, draft)
+def hf_pair(hf_prepacked_pair):
+    """The tiny random-weight transformers pair (a target and its noisy copy as draft) on the
+    transformers backend with oneDNN-prepacked linear layers, as ``HFBackend.load`` gives on CPU."""
+    return backend_pair(*hf_prepacked_pair)
 
 
 GGUF_N = 300

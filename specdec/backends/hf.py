@@ -9,8 +9,8 @@ Models with sliding-window attention layers are untested: transformers refuses t
 its window is full.
 
 Works on CPU and CUDA in float32, bfloat16 or float16 (on CPU in float32, :meth:`HFBackend.load` swaps
-the linear layers for oneDNN-prepacked ones: :mod:`specdec.backends.hf_cpu`); logits are returned as float32 numpy arrays,
-so the sampling and verification math (:mod:`specdec.sampling`, :mod:`specdec.verify`) is the one
+the linear layers for oneDNN-prepacked ones: :mod:`specdec.backends.hf_cpu`); logits are returned as
+float32 numpy arrays, so the sampling and verification math (:mod:`specdec.sampling`, :mod:`specdec.verify`) is the one
 shared with the llama.cpp backend. Loading (hub names, folders, GGUF files and their dequantized cache)
 lives in :mod:`specdec.backends.hf_loading`.
 
@@ -66,8 +66,7 @@ class HFBackend:
             raise ValueError(f"n_ctx and n_seq_max must be >= 1, got {n_ctx}, {n_seq_max}")
         if n_threads:
             torch.set_num_threads(n_threads)
-        if prepack:
-            prepack_linears(model)
+        self.prepacked = prepack and prepack_linears(model) > 0  # oneDNN-prepacked linear layers (hf_cpu)
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device

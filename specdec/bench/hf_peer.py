@@ -115,7 +115,6 @@ def run_bench(args: argparse.Namespace) -> dict:
     import torch
 
     from specdec.backends.hf import HFBackend
-    from specdec.backends.hf_cpu import PrepackedLinear
     from specdec.engine import Engine
     from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
     from specdec.types import SamplingParams, SpecConfig
@@ -125,7 +124,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     target_name, draft_name = args.target or DEFAULT_TARGET, args.draft or DEFAULT_DRAFT
     common = dict(device=args.device, dtype=args.dtype, n_ctx=args.n_ctx, n_seq_max=2, n_threads=args.threads)
     target, draft = HFBackend.load(target_name, **common), HFBackend.load(draft_name, **common)
-    prepacked = isinstance(target.model.get_output_embeddings(), PrepackedLinear)
+    prepacked = target.prepacked
     peers = []  # (label suffix, target model, draft model, methods)
     every = ("plain", "assisted", "lookup")
     if prepacked and args.peer_models in ("stock", "both"):

@@ -158,6 +158,12 @@ class HybridProposer:
         a dozen plain steps on a CPU, so k grows only as this text earns it."""
         return self._cap.get(kind, START_K)
 
+    def _accept(self, source: str, order: int, available: int) -> np.ndarray:
+        """``[min(available, cap)] float64`` conditional acceptance estimates of ``source`` (``"ngram"``,
+        whose kind is ``ngram{order}``, or ``"draft"``), capped by :meth:`cap`."""
+        kind = f"ngram{order}" if source == "ngram" else "draft"
+        return self.stats(kind).conditional(min(available, self.cap(source)))
+
     def prepare(self, context: Sequence[int]) -> None:
         """Index the prompt; the draft model is prefilled lazily when it first drafts."""
         self.index.sync(context)
@@ -209,13 +215,12 @@ class HybridProposer:
             return plain
         options: list[Choice] = []
         if match:
-            kind = f"ngram{order}"
-            c = cm.best_k(self.stats(kind).conditional(min(len(match), self.cap("ngram"))), lambda j: 0.0, greedy)
+            c = cm.best_k(self._accept("ngram", order, len(match)), lambda j: 0.0, greedy)
             if c is not None:
                 options.append(dataclasses.replace(c, source="ngram"))
         if self.draft is not None:
             cost = lambda j: cm.draft_seconds(j, catchup, greedy)  # noqa: E731
-            c = cm.best_k(self.stats("draft").conditional(min(k, self.cap("draft"))), cost, greedy)
+            c = cm.best_k(self._accept("draft", order, k), cost, greedy)
             ub = cm.best_k(np.ones(k), cost, greedy)  # perfect acceptance: could the draft ever pay?
             if c is not None and ub is not None and ub.rate > DRAFT_MARGIN * plain.rate:
                 options.append(dataclasses.replace(c, source="draft"))
@@ -234,12 +239,10 @@ class HybridProposer:
         probe must not start a long draft prefill)."""
         cm, budget = self.cost, PROBE_COST * plain_seconds
         if best.source == "ngram":
-            kind = f"ngram{order}"
-            c = cm.best_k(self.stats(kind).conditional(min(len(match), self.cap("ngram"))), lambda j: 0.0, greedy,
-                          budget)
+            c = cm.best_k(self._accept("ngram", order, len(match)), lambda j: 0.0, greedy, budget)
         else:
             cost = lambda j: cm.draft_seconds(j, catchup, greedy, horizon=1)  # noqa: E731
-            c = cm.best_k(self.stats("draft").conditional(min(k, self.cap("draft"))), cost, greedy, budget)
+            c = cm.best_k(self._accept("draft", order, k), cost, greedy, budget)
         return None if c is None else dataclasses.replace(c, source=best.source, probe=True)
 
     def _log(self, choice: Choice, order: int, catchup: int, greedy: bool) -> None:
