@@ -8,8 +8,11 @@ Public API::
 """
 
 from specdec.api import generate, load_engine, stream
-from specdec.engine import Engine, StreamChunk
-from specdec.types import GenerationResult, GenerationStats, SamplingParams, SpecConfig
+from specdec.engine import Engine
+from specdec.output import StreamChunk
+from specdec.params import SamplingParams, SpecConfig
+from specdec.stats import GenerationStats
+from specdec.types import GenerationResult
 
 __version__ = "0.1.0"
 

@@ -14,7 +14,7 @@ measure instead of assuming:
     rate(k) = E(k) / (D(k) + S(k+1)),    plain decoding: rate(0) = 1 / S(1)                  (2)
 
 ``S(n)``: wall time of one target call scoring ``n`` tokens, verification included (:class:`TimingTable`,
-per backend instance and decoding mode, learned online from every step); ``D(k)``: the proposer's time
+per engine and decoding mode, learned online from the report of every step, :meth:`CostModel.observe_step`); ``D(k)``: the proposer's time
 for ``k`` drafts (a draft model's ``k * t_draft`` plus any catch-up on tokens it has not seen; n-gram
 lookup ~0). ``alpha_i`` is tracked per request and per kind of proposal, decayed so it follows the text,
 shrunk towards the engine's pooled estimate (:class:`AcceptanceStats`). Each step takes
@@ -26,7 +26,13 @@ Unmeasured sizes: between measured sizes ``S`` is interpolated; beyond the large
 bounded below by that size's time (scoring more tokens never costs less). Decisions use this optimistic
 bound, so a size that could pay is tried once and then known (optimism in the face of uncertainty).
 
-This module knows numbers only: no models, tokens or arrays of logits.
+Under batching (the server's scheduler) one call scores several sequences; it is recorded as ``S(n)``
+with ``n`` the call's TOTAL tokens, because on a compute-bound CPU a call's cost follows its token count
+whatever the split (four sequences of one token cost about one sequence of four), and a lone request's
+steps are the same table's small sizes. The batch composition is in the report for a batch-aware policy.
+
+This module knows numbers only: no models, tokens or arrays of logits. Nothing writes the cost model but
+:meth:`CostModel.observe_step`; proposers only read it.
 """
 
 from __future__ import annotations
@@ -95,6 +101,19 @@ class TimingTable:
     def measured(self) -> bool:
         """True once any size has a sample."""
         return bool(self.count.any())
+
+    def snapshot(self) -> dict:
+        """``{"S": {n: seconds}, "count": {n: samples}}`` of the measured sizes (JSON-ready)."""
+        sizes = [int(n) for n in np.flatnonzero(self.count)]
+        return {"S": {n: float(self.mean[n]) for n in sizes}, "count": {n: int(self.count[n]) for n in sizes}}
+
+    @classmethod
+    def from_snapshot(cls, snap: dict, n_max: int = N_MAX) -> "TimingTable":
+        """The table a :meth:`snapshot` describes (keys may be strings, as after a JSON round trip)."""
+        table = cls(n_max)
+        for n, seconds in snap["S"].items():
+            table.mean[int(n)], table.count[int(n)] = seconds, snap["count"][n]
+        return table
 
     def estimate(self, n: int, optimistic: bool = False) -> float:
         """Seconds for a call of size ``n``; NaN when nothing is measured.
@@ -175,8 +194,6 @@ class AcceptanceStats:
         n_reached = min(num_accepted + 1, num_proposed)
         self.reached[:n_reached] += 1.0
         self.accepted[:num_accepted] += 1.0
-        if self.parent is not None:
-            self.parent.observe(num_proposed, num_accepted)
 
     def pooled(self) -> float:
         """Acceptance pooled over all positions, shrunk towards the parent's (or the prior)."""
@@ -216,7 +233,8 @@ class CostModel:
     """Per-engine timings (target ``S(n)`` per decoding mode, draft per-token and catch-up times) and
     pooled acceptance statistics; see the module docstring for the model.
 
-    Fed by the engine loop (:meth:`observe_target`) and by adaptive proposers (:meth:`observe_draft`).
+    Fed by the speculative step's reports (:meth:`observe_step`): target calls, draft-model costs and
+    what each pooled kind of proposal earned. Proposers read it.
     """
 
     def __init__(self) -> None:
@@ -227,6 +245,19 @@ class CostModel:
         self._version = 0  # bumped by every target measurement (invalidates ``curve``)
         self._curve_key: tuple | None = None
         self._curve = np.zeros(0)
+
+    # -- feedback -------------------------------------------------------------------------------
+    def observe_step(self, report) -> None:
+        """Learn from one :class:`specdec.step.StepReport`: the target call's size (total tokens) and
+        seconds, each proposal's draft-model cost, and the acceptance of each pooled kind of proposal."""
+        if report.call is not None:
+            self.observe_target(report.call.n_tokens, report.call.seconds, report.call.greedy)
+        for outcome in report.outcomes:
+            p = outcome.proposal
+            if p.draft_cost is not None:
+                self.observe_draft(p.draft_cost.evals, p.draft_cost.catchup, p.draft_cost.seconds)
+            if p.kind is not None:
+                self._pool(p.kind).observe(outcome.proposed, outcome.accepted)
 
     # -- timings --------------------------------------------------------------------------------
     def observe_target(self, n: int, seconds: float, greedy: bool) -> None:
@@ -267,11 +298,17 @@ class CostModel:
         return k * t_tok + t_up * max(0, catchup - 2) / horizon
 
     # -- acceptance -----------------------------------------------------------------------------
-    def stats(self, kind: str) -> AcceptanceStats:
-        """A fresh per-request :class:`AcceptanceStats` for ``kind`` that feeds the engine's pool."""
+    def _pool(self, kind: str) -> AcceptanceStats:
+        """The engine's pooled statistics of ``kind`` (created on first use)."""
         if kind not in self.pool:
             self.pool[kind] = AcceptanceStats(ACCEPT_PRIOR.get(kind, 0.65), decay=0.98, strength=4.0)
-        return AcceptanceStats(self.pool[kind].prior, parent=self.pool[kind], strength=REQUEST_STRENGTH)
+        return self.pool[kind]
+
+    def stats(self, kind: str) -> AcceptanceStats:
+        """A fresh per-request :class:`AcceptanceStats` for ``kind``, shrunk towards the engine's pool
+        (which :meth:`observe_step` feeds)."""
+        pool = self._pool(kind)
+        return AcceptanceStats(pool.prior, parent=pool, strength=REQUEST_STRENGTH)
 
     # -- the choice -----------------------------------------------------------------------------
     def size_limit(self, greedy: bool) -> int:

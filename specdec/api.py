@@ -6,8 +6,10 @@ from __future__ import annotations
 import functools
 from typing import Iterator, Sequence
 
-from specdec.engine import Engine, StreamChunk
-from specdec.types import GenerationResult, SamplingParams, SpecConfig
+from specdec.engine import Engine
+from specdec.output import StreamChunk
+from specdec.params import SamplingParams, SpecConfig
+from specdec.types import GenerationResult
 
 
 def load_engine(
@@ -68,19 +70,22 @@ def model_names(target: str | None, draft: str | None, method: str) -> tuple[str
         ``(target, draft)``; ``draft`` is None when no draft model is needed.
 
     Raises:
-        ValueError: ``method == "draft"`` with a non-default target and no draft.
+        ValueError: a method that needs a draft model, with a non-default target and no draft.
     """
     from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
+    from specdec.proposers import PROPOSERS
+
     default_target = target in (None, DEFAULT_TARGET)
     target = target or DEFAULT_TARGET
-    if draft is not None or method not in ("draft", "hybrid", "auto"):
+    entry = PROPOSERS.get(method)
+    if draft is not None or entry is None or not entry.uses_draft:
         return target, draft
     if default_target:
         return target, DEFAULT_DRAFT
-    if method == "draft":
-        raise ValueError("--method draft with your own --target needs --draft (a model with the same "
-                         "vocabulary), or use --method ngram")
+    if entry.needs_draft:
+        raise ValueError(f"method {method!r} with your own target model needs draft= (a model with the same "
+                         "vocabulary), or method='ngram'")
     return target, None
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import codecs
+import re
 import sys
 from typing import Sequence
 
-from specdec.types import MAX_SPECULATIVE_TOKENS, GenerationResult, SamplingParams, SpecConfig
+from specdec.params import MAX_SPECULATIVE_TOKENS, SamplingParams, SpecConfig
+from specdec.types import GenerationResult
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -217,7 +219,7 @@ def _print_accepted(engine, res: GenerationResult) -> None:
     out = Text()
     budget = len(res.text)
     for tok, acc in zip(res.token_ids, res.accepted_mask):
-        piece = decoder.decode(engine.target.token_bytes(tok))[:budget]
+        piece = decoder.decode(engine.token_bytes(tok))[:budget]
         budget -= len(piece)
         out.append(piece, style="green" if acc else None)
     Console(highlight=False, soft_wrap=True).print(out)
@@ -299,7 +301,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     prompt_ids = engine.encode_prompt(prompt, chat=not args.raw)
     settings = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)
                 if getattr(params, f.name) != getattr(SamplingParams(), f.name) and f.name != "max_tokens"}
-    print(f"target {engine.target.name}, draft {engine.draft.name if engine.draft else '-'}; method {spec.method}, "
+    print(f"target {engine.name}, draft {engine.draft_name or '-'}; method {spec.method}, "
           f"k={spec.k}, verify {spec.verify}; prompt {len(prompt_ids)} tokens\nsettings             "
           + ", ".join(f"{k}={v}" for k, v in settings.items()))
     bar = tqdm(total=args.samples, desc="sampling", unit="sample", file=sys.stderr, leave=False, disable=None)
@@ -349,7 +351,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine = load_engine(args.target, args.draft, spec, n_ctx=args.n_ctx, n_seq_max=args.max_concurrency,
                          n_threads=args.threads, backend=args.backend, device=args.device, dtype=args.dtype)
     config = ServerConfig(
-        model_name=args.served_model_name or engine.target.name, api_key=api_key,
+        model_name=args.served_model_name or engine.name, api_key=api_key,
         max_running=args.max_concurrency, max_waiting=args.max_queue, max_body_bytes=args.max_body_bytes,
         max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens_limit,
     )
@@ -422,6 +424,16 @@ def _bench_hf(args: argparse.Namespace, methods: tuple[str, ...]) -> int:
     return 0
 
 
+API_TO_CLI = {"chat=False": "--raw", "draft=": "--draft", "method=": "--method ", "n_ctx": "--n-ctx",
+              "n_threads": "--threads", "max_running": "--max-concurrency"}
+"""The library's errors name its API (parameters, values); the CLI names its own options instead."""
+
+
+def cli_terms(message: str) -> str:
+    """``message`` with the API terms of :data:`API_TO_CLI` replaced by the command line's options."""
+    return re.sub("|".join(re.escape(k) for k in API_TO_CLI), lambda m: API_TO_CLI[m.group(0)], message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``specdec`` console script; returns the exit status."""
     parser = build_parser()
@@ -443,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except (ValueError, OSError, ModelDownloadError, BackendError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"specdec: error: {msg}", file=sys.stderr)
+        print(f"specdec: error: {cli_terms(msg)}", file=sys.stderr)
         return 2 if isinstance(e, ValueError) else 1
 
 

@@ -1,19 +1,24 @@
 """The engine: a target model, an optional draft model, prompt encoding, and the loop that drives one
-request (:class:`~specdec.request.Request`) through its speculative steps.
+request through :func:`~specdec.step.speculative_step`.
 
 The engine knows token ids and backends; it does not know text formats beyond the tokenizer, nor HTTP.
+Callers (CLI, server, ``specdec check``) use its public methods, never its backends.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Iterator, Sequence
 
 from specdec.adaptive import CostModel
 from specdec.backends.base import Backend
-from specdec.proposers import PROPOSERS, Proposer
-from specdec.request import Request, StreamChunk
-from specdec.types import GenerationResult, SamplingParams, SpecConfig
+from specdec.output import StreamChunk
+from specdec.params import SamplingParams, SpecConfig
+from specdec.proposers import PROPOSERS, Proposer, ProposerContext
+from specdec.request import Request, new_request
+from specdec.step import speculative_step
+from specdec.types import GenerationResult, ModelInfo
+
+__all__ = ["Engine", "StreamChunk", "check_vocab_compatible"]
 
 
 class Engine:
@@ -26,7 +31,8 @@ class Engine:
         spec: Default proposer settings; a request may override them.
 
     Raises:
-        ValueError: when the draft's vocabulary differs from the target's.
+        ValueError: when the draft's vocabulary differs from the target's, or ``spec`` needs a draft
+            model and there is none.
     """
 
     def __init__(self, target: Backend, draft: Backend | None = None, spec: SpecConfig | None = None):
@@ -35,57 +41,122 @@ class Engine:
         self.spec = spec or SpecConfig()  # auto: n-gram lookup, the draft model if any, k by cost
         if draft is not None:
             check_vocab_compatible(target, draft)
-        if self.spec.method == "draft" and draft is None:
-            raise ValueError("method 'draft' needs a draft model; pass one or choose auto/ngram/none")
-        self.cost = CostModel()  # timings of these models on this machine, for method auto
-        self.n_ctx = min(target.n_ctx, draft.n_ctx) if draft is not None else target.n_ctx
-        # The real vocabulary, ids 0..vocab_size-1, shared by target and draft (checked above). Logit rows
-        # past it are padding (Qwen: 151,665 tokens in 151,936 or 152,064 rows): every consumer of logits
-        # slices to it, so a padded id is never proposed, sampled or emitted.
-        self.vocab_size = min(target.n_vocab, target.vocab_fingerprint()[0])
+        self.check_spec(self.spec)
+        self.cost = CostModel()  # timings of these models on this machine, fed by every step's report
+        n_ctx = min(target.n_ctx, draft.n_ctx) if draft is not None else target.n_ctx
+        # The real vocabulary, shared by target and draft (checked above); see ModelInfo.vocab_size.
+        vocab_size = min(target.n_vocab, target.vocab_fingerprint()[0])
+        self.info = ModelInfo(vocab_size=vocab_size, n_ctx=n_ctx, eog_ids=frozenset(target.eog_ids))
+
+    # -- facts ---------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """The target model's name."""
+        return self.target.name
+
+    @property
+    def draft_name(self) -> str | None:
+        """The draft model's name, or None."""
+        return None if self.draft is None else self.draft.name
+
+    @property
+    def n_ctx(self) -> int:
+        """Context window per sequence, tokens."""
+        return self.info.n_ctx
+
+    @property
+    def vocab_size(self) -> int:
+        """The real vocabulary size (valid token ids are ``0..vocab_size-1``)."""
+        return self.info.vocab_size
+
+    @property
+    def capacity(self) -> int:
+        """Requests the backends can hold at once (one target and one draft sequence each)."""
+        return min(getattr(b, "n_seq_max", 1) for b in (self.target, self.draft) if b is not None)
+
+    def check_spec(self, spec: SpecConfig) -> None:
+        """Raise ValueError when ``spec`` cannot run on this engine (a draft method without a draft)."""
+        if spec.k and PROPOSERS[spec.method].needs_draft and self.draft is None:
+            raise ValueError(f"method {spec.method!r} needs a draft model; pass one or choose "
+                             f"{', '.join(m for m, e in PROPOSERS.items() if not e.needs_draft)} or none")
+
+    # -- text ----------------------------------------------------------------------------------
+    def tokenize(self, text: str, special: bool = False) -> list[int]:
+        """Text to token ids with the target's tokenizer; ``special`` parses control tokens."""
+        return self.target.tokenize(text, special=special)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes of one token (may be part of a UTF-8 character)."""
+        return self.target.token_bytes(token_id)
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """Render chat messages with the target's chat template, ending with the assistant prompt.
+
+        Raises:
+            ValueError: when the model has no chat template or the template fails.
+        """
+        return self.target.apply_chat_template(messages)
 
     # -- prompts -------------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
-        """Prompt text (or ids) to token ids, rendering the chat template when ``chat``.
+        """Prompt text (or ids) to validated token ids, rendering the chat template when ``chat``.
 
         Raises:
-            ValueError: for an empty prompt or one that leaves no room in the context.
+            ValueError: for an empty prompt, an id outside ``0..vocab_size-1``, or a prompt that leaves
+                no room in the context (``n_ctx``).
         """
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise ValueError("the prompt is empty")
             if chat:
-                prompt = self.target.apply_chat_template([{"role": "user", "content": prompt}])
-            ids = self.target.tokenize(prompt, special=chat)
+                prompt = self.render_chat([{"role": "user", "content": prompt}])
+            ids = self.tokenize(prompt, special=chat)
         else:
             ids = [int(t) for t in prompt]
         if not ids:
             raise ValueError("the prompt is empty")
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is outside the vocabulary; ids must lie in 0..{self.vocab_size - 1}")
         if len(ids) >= self.n_ctx:
-            raise ValueError(
-                f"the prompt is {len(ids)} tokens but the context holds {self.n_ctx}; shorten it or raise --n-ctx"
-            )
+            raise ValueError(f"the prompt is {len(ids)} tokens but the context holds {self.n_ctx} (n_ctx); "
+                             "shorten the prompt or load the engine with a larger n_ctx")
         return ids
 
-    def _make_proposer(self, spec: SpecConfig) -> Proposer | None:
-        if spec.k == 0:
-            return None
-        if spec.method == "draft" and self.draft is None:
-            raise ValueError("method 'draft' needs a draft model")
-        return PROPOSERS[spec.method](
-            draft=self.draft, vocab_size=self.vocab_size, ngram_max=spec.ngram_max, ngram_min=spec.ngram_min,
-            cost_model=self.cost, p_min=spec.draft_p_min,
-        )
-
     # -- generation ----------------------------------------------------------------------------
-    def stream(
-        self,
-        prompt: str | Sequence[int],
-        params: SamplingParams | None = None,
-        spec: SpecConfig | None = None,
-        chat: bool = False,
-        proposer: Proposer | None = None,
-    ) -> Iterator[StreamChunk]:
+    def new_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+                    spec: SpecConfig | None = None, chat: bool = False,
+                    proposer: Proposer | None = None) -> Request:
+        """Validate a prompt and create its :class:`~specdec.request.Request` (reserves its sequences).
+
+        Raises:
+            ValueError: for bad prompts (see :meth:`encode_prompt`) or settings the engine cannot run.
+        """
+        return self.admit(self.encode_prompt(prompt, chat=chat), params, spec, proposer=proposer)
+
+    def admit(self, prompt_ids: list[int], params: SamplingParams | None = None, spec: SpecConfig | None = None,
+              proposer: Proposer | None = None) -> Request:
+        """:meth:`new_request` for prompt ids already validated by :meth:`encode_prompt` (the scheduler's
+        admission: the server validated them when the request arrived).
+
+        Raises:
+            ValueError: for settings the engine cannot run (see :func:`specdec.request.new_request`).
+        """
+        params = params or SamplingParams()
+        spec = spec or self.spec
+        if proposer is None:
+            self.check_spec(spec)
+        context = ProposerContext(draft=self.draft, vocab_size=self.info.vocab_size, cost=self.cost)
+        return new_request(self.info, self.target, prompt_ids, params, spec, context, proposer)
+
+    def step(self, requests: Sequence[Request]):
+        """One speculative step for several requests, feeding the cost model; see
+        :func:`~specdec.step.speculative_step`. Returns its :class:`~specdec.step.StepReport`."""
+        return speculative_step(self.target, [r.seq for r in requests], self.cost)
+
+    def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+               spec: SpecConfig | None = None, chat: bool = False,
+               proposer: Proposer | None = None) -> Iterator[StreamChunk]:
         """Generate, yielding a chunk after each committed block.
 
         Args:
@@ -102,62 +173,22 @@ class Engine:
         Raises:
             ValueError: for bad prompts (see :meth:`encode_prompt`).
         """
-        req = self.new_request(prompt, params, spec, chat=chat, proposer=proposer)
-        try:
+        with self.new_request(prompt, params, spec, chat=chat, proposer=proposer) as req:
             while not req.finished:
-                new, n_logits = req.plan()
-                t0 = time.perf_counter()
-                logits = self.target.eval({req.seq_id: (new, n_logits)})[req.seq_id]
-                chunk = req.commit(new, logits)
-                # S(n) of the cost model: the target call and its verification, per decoding mode
-                self.cost.observe_target(len(new), time.perf_counter() - t0, req.params.greedy)
-                yield chunk
-        finally:
-            req.close()
+                self.step([req]).raise_failure()
+                yield req.chunk()
 
-    def new_request(
-        self,
-        prompt: str | Sequence[int],
-        params: SamplingParams | None = None,
-        spec: SpecConfig | None = None,
-        chat: bool = False,
-        proposer: Proposer | None = None,
-    ) -> Request:
-        """Validate a prompt and create its :class:`Request` (reserves a target sequence).
-
-        Raises:
-            ValueError: for bad prompts (see :meth:`encode_prompt`) or a proposer that cannot run.
-        """
-        params = params or SamplingParams()
-        spec = spec or self.spec
-        prompt_ids = self.encode_prompt(prompt, chat=chat)
-        k_max = spec.k if proposer is None else spec.num_speculative_tokens
-        if proposer is None:
-            proposer = self._make_proposer(spec)
-        return Request(self, prompt_ids, params, k_max, proposer, verify=spec.verify)
-
-    def generate(
-        self,
-        prompt: str | Sequence[int],
-        params: SamplingParams | None = None,
-        spec: SpecConfig | None = None,
-        chat: bool = False,
-        proposer: Proposer | None = None,
-    ) -> GenerationResult:
+    def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+                 spec: SpecConfig | None = None, chat: bool = False,
+                 proposer: Proposer | None = None) -> GenerationResult:
         """Generate to completion; see :meth:`stream` for the arguments."""
         for chunk in self.stream(prompt, params, spec, chat, proposer):
             if chunk.result is not None:
                 return chunk.result
         raise AssertionError("stream ended without a result")
 
-
-    def generate_n(
-        self,
-        prompt: str | Sequence[int],
-        params: SamplingParams | None = None,
-        spec: SpecConfig | None = None,
-        chat: bool = False,
-    ) -> list[GenerationResult]:
+    def generate_n(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+                   spec: SpecConfig | None = None, chat: bool = False) -> list[GenerationResult]:
         """``params.n`` independent samples for one prompt (OpenAI's ``n``), one after another.
 
         Sample ``i`` runs with ``params.for_sample(i)``: with a seed, each sample has its own derived
@@ -183,4 +214,3 @@ def check_vocab_compatible(target: Backend, draft: Backend) -> None:
             f"draft model {draft.name} ({d_n} tokens) and target model {target.name} ({t_n} tokens) "
             "have different vocabularies; speculative decoding needs identical token texts and special ids"
         )
-

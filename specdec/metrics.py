@@ -108,7 +108,7 @@ class ServerMetrics:
                 gap = (now - job.t_last) / n
                 for _ in range(n):
                     self.itl.observe(gap)
-        s = job.request.stats
+        s = job.request.seq.stats
         calls0, committed0, proposed0, accepted0, by_pos0, acc_pos0 = self._seen[job]
         self.target_calls.inc(s.target_calls - calls0)
         self.committed.inc(s.committed - committed0)

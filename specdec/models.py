@@ -190,7 +190,7 @@ def ensure_model(spec: ModelSpec, *, progress: bool = True) -> Path:
         with _locked(final.with_name(final.name + ".lock"), spec.name):
             if _trusted(spec, final):  # another process finished it while we waited
                 return final
-            if _size(final) == spec.size and _sha256_file(final) == spec.sha256:
+            if _size(final) == spec.size and sha256_file(final) == spec.sha256:
                 _write_sidecar(spec, final)
                 return final
             _download(spec, final, progress)
@@ -245,12 +245,47 @@ def _write_sidecar(spec: ModelSpec, final: Path) -> None:
     _sidecar(final).write_text(f"{spec.sha256}  {final.name}\n")  # sha256sum's format
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes (read in ``CHUNK_BYTES`` blocks; ~1 s per GB).
+
+    Raises:
+        OSError: when the file cannot be read.
+    """
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK_BYTES):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+GGUF_MAGIC = b"GGUF"
+"""The first four bytes of every GGUF file."""
+
+
+def is_gguf(path: str | Path) -> bool:
+    """True when ``path`` is a readable file that starts with :data:`GGUF_MAGIC`."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def check_gguf(path: str | Path) -> Path:
+    """Check that ``path`` is an existing GGUF file.
+
+    Raises:
+        FileNotFoundError: when the file does not exist.
+        ValueError: when it is not a GGUF file (wrong magic bytes).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"model file not found: {path}")
+    if not is_gguf(path):
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        raise ValueError(f"{path} is not a GGUF model file (starts with {magic!r}, expected {GGUF_MAGIC!r})")
+    return path
 
 
 @contextlib.contextmanager

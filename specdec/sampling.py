@@ -20,7 +20,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from specdec.types import SamplingParams, TokenLogprob
+from specdec.params import SamplingParams
+from specdec.types import TokenLogprob
 
 _TOP_P_FIRST_CANDIDATES = 256
 

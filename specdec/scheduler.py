@@ -2,15 +2,14 @@
 
 One scheduler thread owns the engine's backends (llama.cpp contexts are not thread-safe). Each step it
 admits waiting requests up to ``max_running`` (a new request joins at the next step instead of waiting
-for the batch to finish), lets every running :class:`~specdec.request.Request` plan its step (drafting
-happens there, per request), evaluates ALL the planned tokens in ONE ``engine.target.eval`` call, and
-lets each request commit its block. A finished or cancelled request leaves at once and
-:meth:`Request.close` frees its KV cells. Each request keeps its own proposer, k and RNG, so its output
-does not depend on what else is in the batch (greedy: identical to running alone, up to llama.cpp's
-batched-kernel near-ties).
+for the batch to finish) and runs ONE :func:`~specdec.step.speculative_step` for every running request
+(through :meth:`Engine.step`, which also feeds the cost model, so ``auto`` learns under batching). A
+finished, failed or cancelled request leaves at once and :meth:`Request.close` frees its KV cells. Each
+request keeps its own proposer, k and RNG, so its output does not depend on what else is in the batch
+(greedy: identical to running alone, up to llama.cpp's batched-kernel near-ties).
 
-The per-request logic (drafting, verification, stop conditions) stays in :class:`Request`; this module
-only decides who runs and hands chunks to consumers. It knows nothing about HTTP or asyncio: a consumer
+The per-request logic (drafting, verification, stop conditions) is the step's; this module only decides
+who runs and hands chunks to consumers. It knows nothing about HTTP or asyncio: a consumer
 passes an ``emit`` callback that receives each :class:`~specdec.request.StreamChunk` and, on failure,
 one exception.
 """
@@ -25,8 +24,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from specdec.request import Request, StreamChunk
-from specdec.types import SamplingParams, SpecConfig
+from specdec.output import StreamChunk
+from specdec.params import SamplingParams, SpecConfig
+from specdec.request import Request
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +101,8 @@ class Scheduler:
         """Raise ValueError unless the limits are valid and every backend holds ``max_running`` sequences."""
         if max_running < 1 or max_waiting < 0:
             raise ValueError(f"need max_running >= 1 and max_waiting >= 0, got {max_running}, {max_waiting}")
-        for backend in (engine.target, engine.draft):
-            n_seq = getattr(backend, "n_seq_max", max_running)
-            if n_seq < max_running:
-                raise ValueError(f"{backend.name} holds {n_seq} sequences, fewer than max_running={max_running}")
+        if engine.capacity < max_running:
+            raise ValueError(f"the models hold {engine.capacity} sequences, fewer than max_running={max_running}")
 
     # -- consumer side (any thread) -------------------------------------------------------------
     @property
@@ -127,7 +125,7 @@ class Scheduler:
 
         Args:
             items: ``(prompt_ids, params, spec, emit)`` tuples; prompts must already be validated
-                (:meth:`Engine.encode_prompt`).
+                (:meth:`Engine.encode_prompt`), and so must ``spec`` (:meth:`Engine.check_spec`).
 
         Returns:
             The jobs, in order; pass them to :meth:`cancel`.
@@ -221,7 +219,7 @@ class Scheduler:
 
     def _admit(self, job: Job) -> None:
         try:
-            job.request = self.engine.new_request(job.prompt_ids, job.params, job.spec)
+            job.request = self.engine.admit(job.prompt_ids, job.params, job.spec)
         except Exception as e:
             self._emit(job, e)
             return
@@ -230,40 +228,16 @@ class Scheduler:
             self.metrics.request_started(job)
 
     def _step(self) -> None:
-        """One target call for every running request: plan, evaluate together, commit."""
-        planned: dict[int, tuple[Job, list[int], int]] = {}
-        for job in list(self._running):
-            try:
-                new, n_logits = job.request.plan()
-            except Exception as e:
-                self._fail(job, e)
+        """One speculative step for every running request; a request that fails leaves alone."""
+        running = list(self._running)
+        report = self.engine.step([job.request for job in running])
+        now = time.perf_counter()
+        for job in running:
+            error = report.failed.get(job.request.seq)
+            if error is not None:
+                self._fail(job, error)
                 continue
-            planned[job.request.seq_id] = (job, new, n_logits)
-        if not planned:
-            return
-        target = self.engine.target
-        t0 = time.perf_counter()
-        try:
-            logits = target.eval({s: (new, n) for s, (_, new, n) in planned.items()})
-        except Exception:
-            # The backend rolled every sequence back; evaluate alone so one bad request fails alone.
-            logits = {}
-            for s, (job, new, n) in planned.items():
-                try:
-                    logits[s] = target.eval({s: (new, n)})[s]
-                except Exception as e:
-                    self._fail(job, e)
-        for s, (job, new, _) in planned.items():
-            if s not in logits:
-                continue
-            try:
-                chunk = job.request.commit(new, logits[s])
-            except Exception as e:
-                self._fail(job, e)
-                continue
-            now = time.perf_counter()
-            if len(planned) == 1:  # the cost model's S(n) (method auto): a lone request's step is all its own
-                self.engine.cost.observe_target(len(new), now - t0, job.request.params.greedy)
+            chunk = job.request.chunk()
             if self.metrics is not None:
                 self.metrics.step(job, chunk, now)
             if chunk.token_ids:

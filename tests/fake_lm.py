@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from specdec.backends.base import SequenceBook
 
-class TableLM:
+
+class TableLM(SequenceBook):
     """A fake backend.
 
     Args:
@@ -37,6 +39,7 @@ class TableLM:
         self.eog_ids = frozenset({vocab - 1})
         self._seqs: dict[int, list[int]] = {}
         self.calls = 0
+        self._init_book()
 
     def logits_after(self, context) -> np.ndarray:
         """``[V] float32`` logits of the token after ``context`` (at least one token)."""
@@ -44,29 +47,22 @@ class TableLM:
         prev2 = context[-2] if len(context) > 1 else 0
         return a[context[-1]] + b[prev2] + c[len(context) % 4]
 
-    @property
-    def sequences(self):
-        return tuple(self._seqs)
+    # the library's own calls (the bookkeeping is SequenceBook's)
+    def _drop(self, seq_id: int, n_tokens: int) -> bool:
+        del self._seqs.setdefault(seq_id, [])[n_tokens:]
+        return True
 
-    def new_sequence(self) -> int:
-        free = next(i for i in range(self.n_seq_max) if i not in self._seqs)
-        self._seqs[free] = []
-        return free
+    def _copy(self, src: int, dst: int, n_tokens: int) -> bool:
+        self._seqs[dst] = list(self._seqs[src][:n_tokens])
+        return True
 
-    def free_sequence(self, seq_id: int) -> None:
-        self._seqs.pop(seq_id, None)
-
-    def truncate(self, seq_id: int, n_tokens: int) -> None:
-        del self._seqs[seq_id][n_tokens:]
-
-    def eval(self, batch):
+    def _forward(self, batch):
         self.calls += 1
         out = {}
         for seq_id, (tokens, n_logits) in batch.items():
             seq = self._seqs[seq_id]
             seq.extend(int(t) for t in tokens)
-            assert len(seq) <= self.n_ctx
-            n = len(seq)
+            self._lengths[seq_id] = n = len(seq)
             out[seq_id] = np.stack([self.logits_after(seq[: n - n_logits + i + 1]) for i in range(n_logits)])
         return out
 

@@ -14,7 +14,7 @@ from conftest import tiny_backend
 
 from specdec.engine import Engine
 from specdec.server import ServerConfig, create_app
-from specdec.types import SpecConfig
+from specdec.params import SpecConfig
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog.",

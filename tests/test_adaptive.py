@@ -13,12 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec.adaptive import AcceptanceStats, CostModel, TimingTable, expected_tokens
+from specdec.backends.base import SequenceCache
 from specdec.engine import Engine
-from specdec.proposers import DraftModelProposer, HybridProposer, NgramProposer
+from specdec.proposers import EMPTY_PROPOSAL, DraftModelProposer, HybridProposer, NgramProposer, Outcome
 from specdec.proposers.hybrid import DRAFT_MARGIN as HybridDraftMargin
 from specdec.proposers.hybrid import ProbeSchedule
 from specdec.proposers.ngram import NgramIndex, find_ngram_continuation
-from specdec.types import DEFAULT_K, SamplingParams, SpecConfig
+from specdec.params import SamplingParams, SpecConfig, default_k
+from specdec.step import StepReport
 
 GREEDY = SamplingParams(max_tokens=40)
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
@@ -55,14 +57,24 @@ class FrozenCost(CostModel):
         pass
 
 
-def simulate(propose_k, observe, text, prompt_len, seconds, k_cap=16):
+def feedback(proposer, cost, context, proposal, accepted):
+    """What the speculative step hands back after verification: the outcome to the proposer, the
+    report to the cost model."""
+    outcome = Outcome(proposal, 0, len(proposal.tokens), accepted, len(context))
+    proposer.observe(outcome)
+    if cost is not None:
+        cost.observe_step(StepReport(outcomes=[outcome]))
+
+
+def simulate(proposer, cost, text, prompt_len, seconds, k_cap=16):
     """Run a proposer over a scripted greedy text; returns simulated seconds for the decode."""
     context = list(text[:prompt_len])
     rng = np.random.default_rng(0)
     total = 0.0
     while len(context) < len(text):
         k = min(k_cap, len(text) - len(context) - 1)
-        drafts = propose_k(context, k, rng) if k > 0 else []
+        proposal = proposer.propose(context, k, GREEDY, rng) if k > 0 else EMPTY_PROPOSAL
+        drafts = proposal.tokens
         truth = text[len(context):]
         a = 0
         while a < len(drafts) and drafts[a] == truth[a]:
@@ -70,21 +82,20 @@ def simulate(propose_k, observe, text, prompt_len, seconds, k_cap=16):
         total += seconds(len(drafts) + 1)
         context += truth[: a + 1]
         if drafts:
-            observe(context, len(drafts), a)
+            feedback(proposer, cost, context, proposal, a)
     return total
 
 
 def run_auto(text, prompt_len, cost):
     p = HybridProposer(cost_model=cost, adaptive=True)
     p.prepare(text[:prompt_len])
-    t = simulate(lambda c, k, r: p.propose(c, k, GREEDY, r).tokens, p.observe, text, prompt_len, cpu_seconds)
+    t = simulate(p, cost, text, prompt_len, cpu_seconds)
     return t, p
 
 
 def run_fixed_ngram(text, prompt_len, k):
     p = NgramProposer()
-    return simulate(lambda c, kk, r: p.propose(c, kk, GREEDY, r).tokens, p.observe, text, prompt_len,
-                    cpu_seconds, k_cap=k)
+    return simulate(p, None, text, prompt_len, cpu_seconds, k_cap=k)
 
 
 def copy_text(seed=0, novel=150, copied=150, vocab=2000):
@@ -146,11 +157,13 @@ def test_acceptance_stats_learn_follow_and_shrink():
     pool = AcceptanceStats(0.5, decay=1.0, strength=4.0)
     s = AcceptanceStats(0.5, parent=pool, decay=0.9)
     assert s.conditional(3) == pytest.approx([0.5, 0.5, 0.5])
-    for _ in range(60):
+    for _ in range(60):  # the request's statistics and, from the step's report, the engine's pool
         s.observe(4, 4)  # everything accepted
+        pool.observe(4, 4)
     assert s.conditional(4).min() > 0.9
     for _ in range(30):
         s.observe(4, 0)  # the text changed: first draft rejected every time
+        pool.observe(4, 0)
     assert s.conditional(1)[0] < 0.2  # decay follows the text
     assert pool.conditional(1)[0] > 0.5  # the engine's pool remembers both phases
 
@@ -192,7 +205,7 @@ def test_hybrid_rule_uses_ngram_on_copies():
     text = copy_text(seed=2)
     p = HybridProposer(cost_model=FrozenCost(cpu_seconds))
     p.prepare(text[:150])
-    simulate(lambda c, k, r: p.propose(c, k, GREEDY, r).tokens, p.observe, text, 150, cpu_seconds, k_cap=8)
+    simulate(p, p.cost, text, 150, cpu_seconds, k_cap=8)
     steps = p.report()["steps"]
     assert "draft" not in steps and max(steps["ngram"]) == 8
 
@@ -238,11 +251,10 @@ def test_auto_never_prefills_a_draft_that_cannot_pay(tiny_target, tiny_draft, pl
     engine.cost = FrozenCost(cpu_seconds, draft_seconds=CPU_DRAFT_MS / 1000)
     req = engine.new_request(PROMPT, GREEDY)
     while not req.finished:
-        new, n_logits = req.plan()
-        req.commit(new, tiny_target.eval({req.seq_id: (new, n_logits)})[req.seq_id])
-    assert req.result.token_ids == plain_ref.token_ids
-    assert "draft" not in req.stats.adaptive["steps"]
-    assert req.proposer.draft.cache.tokens == []  # lazy prefill never happened
+        engine.step([req]).raise_failure()
+    assert req.output.token_ids == plain_ref.token_ids
+    assert "draft" not in req.seq.stats.adaptive["steps"]
+    assert req.seq.proposer.draft.cache.tokens == []  # lazy prefill never happened
     req.close()
 
 
@@ -260,14 +272,14 @@ def test_draft_p_min_stops_early_and_stays_lossless(tiny_target, tiny_draft, pla
 
 def test_p_min_proposer_returns_fewer_tokens(tiny_draft):
     ids = tiny_draft.tokenize(PROMPT)
-    prop = DraftModelProposer(tiny_draft, p_min=0.999)
+    prop = DraftModelProposer(SequenceCache(tiny_draft), p_min=0.999)
     prop.prepare(ids)
     assert prop.propose(ids, 4, GREEDY, np.random.default_rng(0)).tokens == []
     prop.close()
 
 
 def test_spec_config_defaults_and_validation():
-    assert SpecConfig(method="auto").num_speculative_tokens == DEFAULT_K["auto"] == 16
+    assert SpecConfig(method="auto").num_speculative_tokens == default_k("auto") == 16
     assert SpecConfig(method="draft").k == 4
     assert SpecConfig(method="auto", num_speculative_tokens=6).k == 6
     with pytest.raises(ValueError, match="draft_p_min"):
@@ -318,9 +330,10 @@ def test_auto_slow_start_caps_a_new_requests_blocks():
     context = prompt + prompt[:10]  # a long match: the prompt continues with prompt[10:]
     caps = []
     for _ in range(4):
-        drafts = p.propose(context, 16, GREEDY, rng).tokens
+        proposal = p.propose(context, 16, GREEDY, rng)
+        drafts = proposal.tokens
         caps.append(len(drafts))
         assert drafts == prompt[len(context) - 100:][: len(drafts)]
         context += drafts + [prompt[len(context) - 100 + len(drafts)]]
-        p.observe(context, len(drafts), len(drafts))
+        feedback(p, cost, context, proposal, len(drafts))
     assert caps[0] <= START_K and caps[1] <= 2 * START_K and max(caps) > START_K

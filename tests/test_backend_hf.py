@@ -21,7 +21,7 @@ from specdec.backends.hf import HFBackend  # noqa: E402
 from specdec.backends.hf_cpu import prepack_available, prepack_linears  # noqa: E402
 from specdec.backends.hf_loading import parse_device, parse_dtype, resolve_checkpoint  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
-from specdec.types import SamplingParams, SpecConfig  # noqa: E402
+from specdec.params import SamplingParams, SpecConfig  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40)
@@ -99,14 +99,14 @@ def test_failed_forward_rolls_back(hf_tiny_target, monkeypatch):
     b = hf_tiny_target
     s1, s2 = b.new_sequence(), b.new_sequence()
     b.eval({s1: ([1, 2, 3], 1), s2: ([4, 5], 1)})
-    real_forward = b._forward
+    real_forward = b._forward_one
 
     def failing(seq_id, tokens, n_logits):
         if seq_id == s2:
             raise RuntimeError("simulated out of memory")
         return real_forward(seq_id, tokens, n_logits)
 
-    monkeypatch.setattr(b, "_forward", failing)
+    monkeypatch.setattr(b, "_forward_one", failing)
     with pytest.raises(BackendError, match="simulated"):
         b.eval({s1: ([7, 8], 1), s2: ([9], 1)})
     monkeypatch.undo()

@@ -219,7 +219,7 @@ def test_chat_template(tiny_target):
 
 def test_no_chat_template(tmp_path):
     with tiny_backend(write_tiny_qwen2_gguf(tmp_path / "raw.gguf", chat_template=False)) as b:
-        with pytest.raises(ValueError, match="no chat template; use --raw"):
+        with pytest.raises(ValueError, match="no chat template; pass chat=False"):
             b.apply_chat_template([{"role": "user", "content": "hi"}])
 
 

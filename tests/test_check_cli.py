@@ -7,7 +7,7 @@ from tiny_gguf import write_tiny_qwen2_gguf
 import specdec.verify as verify_mod
 from specdec.cli import main
 from specdec.sampling import sample
-from specdec.verify import VerifyResult
+from specdec.verify import Verifier, VerifyResult, single_chain
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +38,8 @@ def test_check_fails_a_lossy_verifier(capsys, models, monkeypatch):
     def accept_everything(drafts, q, p, rng):
         return VerifyResult(num_accepted=len(drafts), next_token=sample(p[len(drafts)], rng), is_bonus=True)
 
-    monkeypatch.setitem(verify_mod.VERIFIERS, "token", accept_everything)
-    monkeypatch.setitem(verify_mod.VERIFIERS, "block", accept_everything)
+    monkeypatch.setitem(verify_mod.VERIFIERS, "token", Verifier("token", single_chain(accept_everything), sampling=True))
+    monkeypatch.setitem(verify_mod.VERIFIERS, "block", Verifier("block", single_chain(accept_everything), sampling=True))
     code, out, _ = run(capsys, "check", "The quick brown fox", "--raw", "--samples", "150", "--seed", "1",
                        "--alpha", "0.001", *models[0], "--draft", models[1])
     assert code == 1 and "FAIL" in out
@@ -79,7 +79,7 @@ def test_prompt_cache_reuse_gives_the_same_samples(models, method):
 
     from specdec.check import sample_prefixes
     from specdec.engine import Engine
-    from specdec.types import SamplingParams, SpecConfig
+    from specdec.params import SamplingParams, SpecConfig
 
     args = models[0]
     with tiny_backend(args[1], n_ctx=128) as target, tiny_backend(args[3], n_ctx=128) as draft:

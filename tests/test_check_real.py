@@ -9,7 +9,7 @@ batch-shape-dependent numerics do not enter on the accepted path.
 import pytest
 
 from specdec.check import run_check
-from specdec.types import SamplingParams, SpecConfig
+from specdec.params import SamplingParams, SpecConfig
 
 pytestmark = pytest.mark.real
 

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from specdec.engine import Engine
+from specdec.backends.base import SequenceCache
 from specdec.proposers import DraftModelProposer, Proposal
-from specdec.types import SamplingParams, SpecConfig
+from specdec.params import SamplingParams, SpecConfig
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40)
@@ -34,7 +35,7 @@ class ScriptedProposer:
         self.calls.append((pos, len(toks)))
         return Proposal(tokens=toks)
 
-    def observe(self, context, num_proposed, num_accepted):
+    def observe(self, outcome):
         pass
 
     def close(self):
@@ -192,14 +193,14 @@ def test_draft_vocab_mismatch_refused(tiny_target, tmp_path):
 def test_draft_proposer_rolls_back_after_all_accepted(tiny_target):
     """All-accepted case: the draft never evaluated its last draft token; the next proposal must still
     come from the right context."""
-    prop = DraftModelProposer(tiny_target)
+    prop = DraftModelProposer(SequenceCache(tiny_target))
     ctx = tiny_target.tokenize(PROMPT)
     prop.prepare(ctx)
     rng = np.random.default_rng(0)
     first = prop.propose(ctx, 3, GREEDY, rng).tokens
     ctx2 = ctx + first + [first[-1]]  # all accepted + some bonus token
     second = prop.propose(ctx2, 2, GREEDY, rng).tokens
-    fresh = DraftModelProposer(tiny_target)
+    fresh = DraftModelProposer(SequenceCache(tiny_target))
     fresh.prepare(ctx2)
     assert second == fresh.propose(ctx2, 2, GREEDY, rng).tokens
     prop.close()

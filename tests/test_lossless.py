@@ -34,8 +34,8 @@ import specdec.verify as verify_mod
 from specdec.check import exact_cells, goodness_of_fit, sample_prefixes
 from specdec.engine import Engine
 from specdec.sampling import SamplingState, sample
-from specdec.types import SamplingParams, SpecConfig
-from specdec.verify import VerifyResult
+from specdec.params import SamplingParams, SpecConfig
+from specdec.verify import Verifier, VerifyResult, single_chain
 
 FWER = 0.01
 N = 500
@@ -177,7 +177,7 @@ def accept_everything(drafts, q, p, rng):
 @pytest.mark.parametrize("method", ["draft", "ngram"])
 def test_power_accept_every_draft_is_rejected(table_pair, monkeypatch, method):
     engine, prompt, logits_after = table_pair
-    monkeypatch.setitem(verify_mod.VERIFIERS, "token", accept_everything)
+    monkeypatch.setitem(verify_mod.VERIFIERS, "token", Verifier("token", single_chain(accept_everything), sampling=True))
     params = T1.replace(seed=cell_seed("power", method))
     _, fit, _ = run_cell(engine, prompt, logits_after, params, 3, method, "token")
     assert fit.p_value < ALPHA, (fit.chi2, fit.dof, fit.p_value)

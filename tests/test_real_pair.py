@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdec.types import SamplingParams, SpecConfig
+from specdec.params import SamplingParams, SpecConfig
 
 pytestmark = pytest.mark.real
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from specdec.sampling import make_rng, probs_from_logits, sample
-from specdec.types import SamplingParams
+from specdec.params import SamplingParams
 
 
 def reference(logits, t, top_k, top_p):

@@ -9,10 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference_sampling import reference_logits, reference_probs
 
+from specdec.backends.base import SequenceCache
 from specdec.engine import Engine
 from specdec.proposers import DraftModelProposer
 from specdec.sampling import SamplingState, probs_from_logits
-from specdec.types import SamplingParams, SpecConfig
+from specdec.step import speculative_step
+from specdec.params import SamplingParams, SpecConfig
 
 V = 40
 EOG = V - 1
@@ -153,7 +155,7 @@ def test_draft_q_uses_the_same_rules_and_history(table_engine):
     draft = table_engine.draft
     params = SamplingParams(temperature=0.9, top_p=0.95, presence_penalty=-2, frequency_penalty=-1,
                             repetition_penalty=1.4, min_tokens=3, logit_bias={EOG: 3})
-    prop = DraftModelProposer(draft, vocab_size=V)
+    prop = DraftModelProposer(SequenceCache(draft), vocab_size=V)
     prop.prepare(PROMPT)
     ctx = PROMPT + [5, 5]
     out = prop.propose(ctx, 4, params, np.random.default_rng(0))
@@ -184,15 +186,12 @@ def test_seeded_output_does_not_depend_on_other_requests_in_the_batch(table_engi
             (params, params.replace(seed=None), params.replace(seed=8), params.replace(seed=None, temperature=0.5))]
     try:
         while not all(r.finished for r in reqs):
-            live = [r for r in reqs if not r.finished]
-            plans = {r.seq_id: r.plan() for r in live}
-            logits = table_engine.target.eval(plans)
-            for r in live:
-                r.commit(plans[r.seq_id][0], logits[r.seq_id])
+            report = speculative_step(table_engine.target, [r.seq for r in reqs if not r.finished])
+            assert not report.failed and report.call.n_sequences >= 1
     finally:
         for r in reqs:
             r.close()
-    assert reqs[0].generated == alone
+    assert reqs[0].output.token_ids == alone
 
 
 def test_n_samples(table_engine):

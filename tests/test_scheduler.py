@@ -8,7 +8,7 @@ from server_helpers import PROMPTS, tiny_engine, wait_until
 
 from specdec.metrics import ServerMetrics
 from specdec.scheduler import QueueFullError, Scheduler, SchedulerClosedError
-from specdec.types import SamplingParams, SpecConfig
+from specdec.params import SamplingParams, SpecConfig
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=32)
 
@@ -142,17 +142,17 @@ def test_close_drains_waiting_requests(engine):
 
 
 def test_failing_request_fails_alone(engine, monkeypatch):
-    real_new_request = engine.new_request
+    real_admit = engine.admit
 
-    def new_request(prompt, params=None, spec=None, **kw):
-        req = real_new_request(prompt, params, spec, **kw)
+    def admit(prompt, params=None, spec=None, **kw):
+        req = real_admit(prompt, params, spec, **kw)
         if params.max_tokens == 13:  # the poisoned one
-            def plan():
+            def propose():
                 raise RuntimeError("boom")
-            req.plan = plan
+            req.seq.propose = propose
         return req
 
-    monkeypatch.setattr(engine, "new_request", new_request)
+    monkeypatch.setattr(engine, "admit", admit)
     sched = Scheduler(engine, max_running=4)
     try:
         ids = engine.encode_prompt(PROMPTS[5])

@@ -8,7 +8,7 @@ import openai
 import pytest
 from server_helpers import LONG, PROMPTS, LiveServer, no_leaked_sequences, sse_events, tiny_engine, wait_until
 
-from specdec.types import SamplingParams
+from specdec.params import SamplingParams
 
 
 @pytest.fixture(scope="module")

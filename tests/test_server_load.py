@@ -18,7 +18,7 @@ import httpx
 import pytest
 from server_helpers import LONG, PROMPTS, LiveServer, tiny_engine, wait_until
 
-from specdec.types import SamplingParams, SpecConfig
+from specdec.params import SamplingParams, SpecConfig
 
 CLIENTS = 32
 SECONDS = float(os.environ.get("SPECDEC_LOAD_SECONDS", "20"))

@@ -7,7 +7,7 @@ import openai
 import pytest
 from server_helpers import LiveServer
 
-from specdec.types import SpecConfig
+from specdec.params import SpecConfig
 
 pytestmark = pytest.mark.real
 

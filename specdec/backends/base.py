@@ -1,10 +1,14 @@
-"""The Backend protocol: what the engine needs from an inference library, and the KV-cache mirror.
+"""The Backend protocol, the sequence bookkeeping every backend shares, and the KV-cache mirror.
 
 A backend holds one model and many sequences (one sequence id per request) in one context. It knows
-token ids and logits, never sampling or speculation. :class:`SequenceCache` is the one place where a
-sequence's KV cache is rolled back: it mirrors the tokens the cache holds and truncates to the longest
-common prefix before evaluating, so rejected drafts (and the all-accepted case, where the draft model
-never saw its last draft token) are handled by the same few lines.
+token ids and logits, never sampling or speculation. :class:`SequenceBook` is the bookkeeping every
+backend shares (ids, lengths, batch validation, rollback of a failed call); a backend file adds only
+what is its library's own (:meth:`SequenceBook._forward`, :meth:`SequenceBook._drop`,
+:meth:`SequenceBook._copy`). :class:`SequenceCache` is the one place where a sequence's KV cache is
+rolled back: it mirrors the tokens the cache holds and truncates to the longest common prefix before
+evaluating, so rejected drafts (and the all-accepted case, where the draft model never saw its last
+draft token) are handled by the same few lines. It also starts a new sequence from a retained prefix
+(:meth:`SequenceBook.retain`) by copying KV cells instead of evaluating them again.
 """
 
 from __future__ import annotations
@@ -25,12 +29,14 @@ class Backend(Protocol):
     Attributes:
         n_vocab: Rows of the logits (vocabulary size, padding included).
         n_ctx: Context window per sequence, in tokens.
+        n_seq_max: Sequences that can exist at once.
         eog_ids: Token ids that end generation (for example ``<|im_end|>``, ``<|endoftext|>``).
         name: A short human-readable model name.
     """
 
     n_vocab: int
     n_ctx: int
+    n_seq_max: int
     eog_ids: frozenset[int]
     name: str
 
@@ -57,6 +63,9 @@ class Backend(Protocol):
     def truncate(self, seq_id: int, n_tokens: int) -> None:
         """Keep the first ``n_tokens`` positions of the sequence's KV cache, drop the rest."""
 
+    def copy_prefix(self, src: int, dst: int, n_tokens: int) -> bool:
+        """Make ``dst`` hold the first ``n_tokens`` positions of ``src``; False where unsupported."""
+
     def tokenize(self, text: str, special: bool = False) -> list[int]:
         """Text to token ids; ``special=True`` parses control tokens such as ``<|im_start|>``."""
 
@@ -75,12 +84,187 @@ class Backend(Protocol):
         vocabularies of a draft and a target model."""
 
 
+class SequenceBook:
+    """Sequence bookkeeping shared by every backend: ids, lengths, batch checks, rollback, retained prefixes.
+
+    A subclass sets ``n_vocab``, ``n_ctx``, ``n_seq_max`` and ``name``, calls :meth:`_init_book`, and
+    implements three library calls: :meth:`_forward` (evaluate a validated batch), :meth:`_drop`
+    (remove positions ``n..`` of a sequence) and, optionally, :meth:`_copy` (share a prefix).
+    """
+
+    n_vocab: int
+    n_ctx: int
+    n_seq_max: int
+    name: str
+
+    def _init_book(self) -> None:
+        self._free_ids = list(range(self.n_seq_max))
+        self._lengths: dict[int, int] = {}  # seq_id -> tokens in its KV cache
+        self.retained: list[SequenceCache] = []  # prefixes new sequences may start from (see retain)
+
+    # -- the library's own calls -----------------------------------------------------------------
+    def _forward(self, batch: dict[int, tuple[Sequence[int], int]]) -> dict[int, np.ndarray]:
+        """Evaluate a validated batch, updating ``self._lengths`` as sequences grow (see :meth:`eval`)."""
+        raise NotImplementedError
+
+    def _drop(self, seq_id: int, n_tokens: int) -> bool:
+        """Remove positions ``n_tokens..`` of a sequence from the KV cache; False when the library refuses."""
+        raise NotImplementedError
+
+    def _copy(self, src: int, dst: int, n_tokens: int) -> bool:
+        """Make the empty sequence ``dst`` hold positions ``0..n_tokens-1`` of ``src``; False if unsupported."""
+        return False
+
+    def _reset(self, seq_id: int) -> None:
+        """A new or freed sequence: drop everything it holds."""
+        self._drop(seq_id, 0)
+
+    # -- sequences -------------------------------------------------------------------------------
+    def new_sequence(self) -> int:
+        """Reserve an empty sequence and return its id.
+
+        Raises:
+            BackendError: when all ``n_seq_max`` sequences are in use.
+        """
+        if not self._free_ids:
+            raise BackendError(f"all {self.n_seq_max} sequences of {self.name} are in use")
+        seq_id = self._free_ids.pop(0)
+        self._reset(seq_id)
+        self._lengths[seq_id] = 0
+        return seq_id
+
+    def free_sequence(self, seq_id: int) -> None:
+        """Drop every KV cell of ``seq_id`` and make the id reusable."""
+        self._check_seq(seq_id)
+        self._reset(seq_id)
+        del self._lengths[seq_id]
+        self._free_ids.append(seq_id)
+        self._free_ids.sort()
+
+    @property
+    def sequences(self) -> tuple[int, ...]:
+        """Ids of the sequences in use, ascending."""
+        return tuple(sorted(self._lengths))
+
+    @property
+    def free_sequences(self) -> int:
+        """Sequences that :meth:`new_sequence` can still reserve."""
+        return len(self._free_ids)
+
+    def length(self, seq_id: int) -> int:
+        """Tokens currently held in the KV cache of ``seq_id``."""
+        self._check_seq(seq_id)
+        return self._lengths[seq_id]
+
+    def truncate(self, seq_id: int, n_tokens: int) -> None:
+        """Keep the first ``n_tokens`` positions of the sequence's KV cache, drop the rest.
+
+        Raises:
+            BackendError: when the library refuses the partial removal (recurrent models).
+        """
+        self._check_seq(seq_id)
+        assert 0 <= n_tokens <= self._lengths[seq_id], (n_tokens, self._lengths[seq_id])
+        if n_tokens == self._lengths[seq_id]:
+            return
+        if not self._drop(seq_id, n_tokens):
+            raise BackendError(f"{self.name} could not truncate sequence {seq_id} to {n_tokens} tokens")
+        self._lengths[seq_id] = n_tokens
+
+    def copy_prefix(self, src: int, dst: int, n_tokens: int) -> bool:
+        """Make ``dst`` hold exactly the first ``n_tokens`` positions of ``src`` (no evaluation).
+
+        Returns:
+            True on success; False where the library cannot share cells between these sequences
+            (``dst`` is then empty and must be evaluated from scratch).
+        """
+        self._check_seq(src)
+        self._check_seq(dst)
+        assert src != dst and 0 <= n_tokens <= self._lengths[src], (src, dst, n_tokens)
+        if self._lengths[dst]:
+            self.truncate(dst, 0)
+        if n_tokens == 0:
+            return True
+        if self._copy(src, dst, n_tokens):
+            self._lengths[dst] = n_tokens
+            return True
+        self._reset(dst)
+        return False
+
+    def _check_seq(self, seq_id: int) -> None:
+        if seq_id not in self._lengths:  # KeyError: a caller's bug, not a library failure
+            raise KeyError(f"sequence {seq_id} is not in use (call new_sequence first)")
+
+    # -- evaluation ------------------------------------------------------------------------------
+    def eval(self, batch: dict[int, tuple[Sequence[int], int]]) -> dict[int, np.ndarray]:
+        """Append tokens to several sequences in one forward pass (see :class:`Backend`).
+
+        Args:
+            batch: ``seq_id -> (tokens, n_logits)``; the tokens continue the sequence at its current
+                length, and logits are returned for the last ``n_logits`` of them.
+
+        Returns:
+            ``seq_id -> [n_logits, n_vocab] float32`` logits (row i predicts the token after the i-th
+            of the last ``n_logits`` tokens).
+
+        Raises:
+            BackendError: when a sequence would exceed ``n_ctx`` (nothing is evaluated then) or the
+                library fails (every sequence is rolled back to its length before the call).
+            ValueError: on a token id outside ``0..n_vocab-1``.
+        """
+        for seq_id, (tokens, n_logits) in batch.items():
+            self._check_seq(seq_id)
+            n = len(tokens)
+            assert 0 <= n_logits <= n, (n_logits, n)
+            if self._lengths[seq_id] + n > self.n_ctx:
+                raise BackendError(
+                    f"sequence {seq_id} would hold {self._lengths[seq_id] + n} tokens, over the context of {self.n_ctx}")
+            if n and not all(0 <= int(t) < self.n_vocab for t in tokens):
+                raise ValueError(f"token ids must lie in 0..{self.n_vocab - 1}")
+        before = {s: self._lengths[s] for s in batch}
+        try:
+            return self._forward(batch)
+        except BaseException:
+            # Leave no half-evaluated sequence behind. Dropped unconditionally: a failed library call
+            # may have written cells past a length it never reported. A sequence whose cells cannot be
+            # restored (the library says so) fails its next call until it is truncated to 0 or freed.
+            for s, n in before.items():
+                self._drop(s, n)
+                self._lengths[s] = n
+            raise
+
+    # -- retained prefixes -----------------------------------------------------------------------
+    def retain(self, tokens: Sequence[int]) -> "SequenceCache":
+        """Evaluate ``tokens`` into a sequence kept for reuse: a new :class:`SequenceCache` whose first
+        tokens match copies their KV cells from it instead of evaluating them (where :meth:`copy_prefix`
+        works). Release it with :meth:`release`.
+
+        Raises:
+            BackendError: when no sequence is free or the evaluation fails.
+        """
+        cache = SequenceCache(self)
+        try:
+            cache.score(list(tokens), 1)
+        except BaseException:
+            cache.free()
+            raise
+        self.retained.append(cache)
+        return cache
+
+    def release(self, cache: "SequenceCache") -> None:
+        """Stop offering a retained prefix and free its sequence."""
+        self.retained.remove(cache)
+        cache.free()
+
+
 class SequenceCache:
     """Mirror of one sequence's KV cache in a backend: the token ids it holds, in order.
 
     Args:
         backend: The model holding the cache.
         seq_id: The sequence id, or ``None`` to reserve a new one.
+
+    Raises:
+        BackendError: when no sequence is free.
     """
 
     def __init__(self, backend: Backend, seq_id: int | None = None):
@@ -94,7 +278,8 @@ class SequenceCache:
 
         This is the single rollback point of the engine. It truncates to the longest common prefix of
         the cache and ``tokens`` -- dropping rejected drafts -- but never past the positions whose
-        logits are wanted, which must be evaluated anew.
+        logits are wanted, which must be evaluated anew. An empty cache first copies the longest
+        matching prefix of a retained sequence (:meth:`SequenceBook.retain`), when there is one.
         """
         assert 1 <= n_logits <= len(tokens), (n_logits, len(tokens))
         limit = min(len(self.tokens), len(tokens) - n_logits)
@@ -103,13 +288,34 @@ class SequenceCache:
         if self.tokens[:limit] == list(tokens[:limit]):
             common = limit
         else:
-            common = 0
-            while common < limit and self.tokens[common] == tokens[common]:
-                common += 1
+            common = _common_prefix(self.tokens, tokens, limit)
         if common < len(self.tokens):
             self.backend.truncate(self.seq_id, common)
             del self.tokens[common:]
-        return list(tokens[common:])
+        if not self.tokens and getattr(self.backend, "retained", None):
+            self._copy_retained(tokens, len(tokens) - n_logits)
+        return list(tokens[len(self.tokens):])
+
+    def _copy_retained(self, tokens: Sequence[int], limit: int) -> None:
+        """Start from the retained sequence sharing the longest prefix (at most ``limit``) with ``tokens``."""
+        best, best_n = None, 0
+        for donor in self.backend.retained:
+            n = _common_prefix(donor.tokens, tokens, min(limit, len(donor.tokens)))
+            if n > best_n:
+                best, best_n = donor, n
+        if best is not None:
+            self.fork(best, best_n)
+
+    def fork(self, other: "SequenceCache", n_tokens: int) -> bool:
+        """Make this cache hold the first ``n_tokens`` of ``other`` (same backend) by copying KV cells.
+
+        Returns:
+            True on success; False where the backend cannot copy (the cache is then empty).
+        """
+        assert other.backend is self.backend and n_tokens <= len(other.tokens)
+        ok = self.backend.copy_prefix(other.seq_id, self.seq_id, n_tokens)
+        self.tokens = list(other.tokens[:n_tokens]) if ok else []
+        return ok
 
     def commit(self, new: Sequence[int]) -> None:
         """Record that ``new`` (from :meth:`plan`) was evaluated successfully."""
@@ -127,3 +333,11 @@ class SequenceCache:
         """Release the sequence in the backend."""
         self.backend.free_sequence(self.seq_id)
         self.tokens = []
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """Length of the common prefix of ``a`` and ``b``, at most ``limit``."""
+    n = 0
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n

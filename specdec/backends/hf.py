@@ -14,6 +14,7 @@ float32 numpy arrays, so the sampling and verification math (:mod:`specdec.sampl
 shared with the llama.cpp backend. Loading (hub names, folders, GGUF files and their dequantized cache)
 lives in :mod:`specdec.backends.hf_loading`.
 
+Sequence bookkeeping (ids, lengths, batch checks, rollback) is :class:`~specdec.backends.base.SequenceBook`'s.
 This module knows token ids, logits and the tokenizer; it knows nothing about sampling, speculation or
 which tokens a cache should hold (that is :class:`~specdec.backends.base.SequenceCache`'s job).
 """
@@ -26,7 +27,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from specdec.backends.base import BackendError
+from specdec.backends.base import BackendError, SequenceBook
 from specdec.backends.hf_cpu import prepack_linears
 from specdec.backends.hf_tokens import TokenTexts
 
@@ -40,7 +41,7 @@ def _new_cache(config):
         return DynamicCache()
 
 
-class HFBackend:
+class HFBackend(SequenceBook):
     """A transformers causal LM serving up to ``n_seq_max`` sequences of ``n_ctx`` tokens each.
 
     Args:
@@ -81,9 +82,8 @@ class HFBackend:
         self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
         # and past_key_values (4.x) to cache (5.x)
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self._free_ids = list(range(n_seq_max))
-        self._caches: dict[int, object] = {}
-        self._lengths: dict[int, int] = {}
+        self._caches: dict[int, object] = {}  # seq_id -> DynamicCache, None after a failed forward
+        self._init_book()
         self._texts = TokenTexts(tokenizer, self.n_vocab, unused_token_ids)
 
     @classmethod
@@ -128,110 +128,60 @@ class HFBackend:
             ids.add(int(self.tokenizer.eos_token_id))
         return ids
 
-    # -- sequences -----------------------------------------------------------------------------
+    # -- the library's own sequence calls (bookkeeping: SequenceBook) ---------------------------
 
-    def new_sequence(self) -> int:
-        """Reserve an empty sequence and return its id.
-
-        Raises:
-            BackendError: when all ``n_seq_max`` sequences are in use.
-        """
-        if not self._free_ids:
-            raise BackendError(f"all {self.n_seq_max} sequences of {self.name} are in use; raise n_seq_max")
-        seq_id = self._free_ids.pop(0)
+    def _reset(self, seq_id: int) -> None:
         self._caches[seq_id] = _new_cache(self.model.config)
-        self._lengths[seq_id] = 0
-        return seq_id
+
+    def _drop(self, seq_id: int, n_tokens: int) -> bool:
+        """``DynamicCache.crop`` with a negative count removes that many trailing positions in every layer
+        (a slice, no copy); transformers 4.45+ and 5.x agree on that form. A cache lost in a failed forward
+        pass can only be reset to empty."""
+        cache, length = self._caches.get(seq_id), self._lengths.get(seq_id, 0)
+        if n_tokens == 0:
+            self._reset(seq_id)
+        elif cache is None:
+            return False
+        elif n_tokens < length:
+            cache.crop(n_tokens - length)
+        return True
+
+    def _copy(self, src: int, dst: int, n_tokens: int) -> bool:
+        import copy
+
+        if self._caches.get(src) is None:
+            return False
+        cache = copy.deepcopy(self._caches[src])
+        if n_tokens < self._lengths[src]:
+            cache.crop(n_tokens - self._lengths[src])
+        self._caches[dst] = cache
+        return True
 
     def free_sequence(self, seq_id: int) -> None:
         """Drop the sequence's KV cache and make its id reusable."""
-        self._check_seq(seq_id)
-        del self._caches[seq_id], self._lengths[seq_id]
-        self._free_ids.append(seq_id)
-        self._free_ids.sort()
-
-    @property
-    def sequences(self) -> tuple[int, ...]:
-        """Ids of the sequences in use, ascending."""
-        return tuple(sorted(self._lengths))
-
-    def length(self, seq_id: int) -> int:
-        """Tokens currently held in the KV cache of ``seq_id``."""
-        self._check_seq(seq_id)
-        return self._lengths[seq_id]
-
-    def truncate(self, seq_id: int, n_tokens: int) -> None:
-        """Keep the first ``n_tokens`` positions of the sequence's KV cache, drop the rest.
-
-        ``DynamicCache.crop`` with a negative count removes that many trailing positions in every layer
-        (a slice, no copy); transformers 4.45+ and 5.x agree on that form.
-        """
-        self._check_seq(seq_id)
-        length = self._lengths[seq_id]
-        assert 0 <= n_tokens <= length, (n_tokens, length)
-        if n_tokens == length and self._caches[seq_id] is not None:
-            return
-        if n_tokens == 0:
-            self._caches[seq_id] = _new_cache(self.model.config)
-        elif self._caches[seq_id] is None:
-            raise BackendError(f"sequence {seq_id} lost its cache in a failed forward pass; truncate it to 0 or free it")
-        else:
-            self._caches[seq_id].crop(n_tokens - length)
-        self._lengths[seq_id] = n_tokens
-
-    def _check_seq(self, seq_id: int) -> None:
-        if seq_id not in self._lengths:  # KeyError: a caller's bug, not a library failure
-            raise KeyError(f"sequence {seq_id} is not in use (call new_sequence first)")
+        super().free_sequence(seq_id)
+        self._caches.pop(seq_id, None)
 
     # -- evaluation ----------------------------------------------------------------------------
 
-    def eval(self, batch: dict[int, tuple[Sequence[int], int]]) -> dict[int, np.ndarray]:
-        """Append tokens to several sequences, one forward pass per sequence.
-
-        Args:
-            batch: ``seq_id -> (tokens, n_logits)``; the tokens continue the sequence at its current
-                length, and logits are returned for the last ``n_logits`` of them.
-
-        Returns:
-            ``seq_id -> [n_logits, n_vocab] float32`` logits (row i predicts the token after the i-th of
-            the last ``n_logits`` tokens).
-
-        Raises:
-            BackendError: when a sequence would exceed ``n_ctx`` (nothing is evaluated then) or the
-                forward pass fails (every sequence is rolled back to its length before the call).
-            ValueError: on a token id outside ``0..n_vocab-1``.
-        """
-        for seq_id, (tokens, n_logits) in batch.items():
-            self._check_seq(seq_id)
-            n = len(tokens)
-            assert 0 <= n_logits <= n, (n_logits, n)
-            if self._lengths[seq_id] + n > self.n_ctx:
-                raise BackendError(
-                    f"sequence {seq_id} would hold {self._lengths[seq_id] + n} tokens, over the context of {self.n_ctx}"
-                )
-            if n and not all(0 <= int(t) < self.n_vocab for t in tokens):
-                raise ValueError(f"token ids must lie in 0..{self.n_vocab - 1}")
-        before = {s: self._lengths[s] for s in batch}
+    def _forward(self, batch: dict[int, tuple[Sequence[int], int]]) -> dict[int, np.ndarray]:
+        """One forward pass per sequence (no padded batching yet); a sequence whose pass fails
+        part-way may have appended to some layers only, so its cache is marked lost."""
         result: dict[int, np.ndarray] = {}
         current = None
         try:
             with torch.inference_mode():
                 for current, (tokens, n_logits) in batch.items():
-                    result[current] = self._forward(current, tokens, n_logits)
+                    result[current] = self._forward_one(current, tokens, n_logits)
         except BaseException as e:
-            for s, n in before.items():  # leave no half-evaluated sequence behind
-                if s == current:
-                    # A forward that failed part-way may have appended to some layers only: the cache
-                    # cannot be trusted. Only truncate(seq_id, 0) (or free) revives the sequence.
-                    self._caches[s] = None
-                elif self._lengths[s] > n:
-                    self.truncate(s, n)
+            if current is not None and current not in result:
+                self._caches[current] = None
             if isinstance(e, RuntimeError):  # torch's errors, CUDA out-of-memory included
                 raise BackendError(f"{self.name}: forward pass failed: {e}") from e
             raise
         return result
 
-    def _forward(self, seq_id: int, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+    def _forward_one(self, seq_id: int, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         """One forward pass of ``tokens`` on top of the sequence's cache; ``[n_logits, V] float32``."""
         if self._caches[seq_id] is None:
             raise BackendError(f"sequence {seq_id} lost its cache in a failed forward pass; truncate it to 0 or free it")
@@ -274,19 +224,18 @@ class HFBackend:
             ValueError: when the model has no chat template, or the template fails on the messages.
         """
         if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError(f"model {self.name} has no chat template; use --raw")
+            raise ValueError(f"model {self.name} has no chat template; pass chat=False (a plain completion prompt)")
         import jinja2
 
         try:
             return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except jinja2.TemplateError as e:
-            raise ValueError(f"chat template of {self.name} failed: {e}; use --raw") from e
+            raise ValueError(f"chat template of {self.name} failed: {e}") from e
 
     def close(self) -> None:
         """Drop every sequence's cache (the model itself is freed with the last reference)."""
         self._caches.clear()
-        self._lengths.clear()
-        self._free_ids = list(range(self.n_seq_max))
+        self._init_book()
 
     def __repr__(self) -> str:
         return f"HFBackend({self.name!r}, device={self.device}, n_ctx={self.n_ctx}, n_seq_max={self.n_seq_max})"

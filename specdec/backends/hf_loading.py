@@ -12,7 +12,6 @@ sequences, caches or speculation (that is :mod:`specdec.backends.hf`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -73,11 +72,9 @@ def gguf_sha256(path: Path) -> str:
         fields = sidecar.read_text().split()
         if fields and len(fields[0]) == 64:
             return fields[0]
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    from specdec.models import sha256_file
+
+    return sha256_file(path)
 
 
 def gguf_cache_folder(path: Path) -> Path:
@@ -169,7 +166,7 @@ def resolve_checkpoint(source: str, *, progress: bool = True) -> tuple[str, str]
             cannot load, or a path (``/``, ``.``, ``~``) that does not exist.
         specdec.models.ModelDownloadError: when a known model cannot be fetched.
     """
-    from specdec.models import KNOWN_MODELS, resolve_model
+    from specdec.models import KNOWN_MODELS, is_gguf, resolve_model
 
     path = Path(source).expanduser()
     if path.is_dir():
@@ -178,9 +175,8 @@ def resolve_checkpoint(source: str, *, progress: bool = True) -> tuple[str, str]
         return str(path), path.name
     if path.is_file() or source in KNOWN_MODELS:
         gguf_path = resolve_model(source, progress=progress)
-        with open(gguf_path, "rb") as f:
-            if f.read(4) != b"GGUF":
-                raise ValueError(f"{gguf_path} is neither a Hugging Face model folder nor a GGUF file")
+        if not is_gguf(gguf_path):
+            raise ValueError(f"{gguf_path} is neither a Hugging Face model folder nor a GGUF file")
         folder = gguf_cache_folder(gguf_path)
         if not (folder / "model.safetensors").is_file():
             if progress:  # stderr: stdout carries only the generated text (or --json)

@@ -5,9 +5,10 @@ several sequences into one ``llama_decode`` batch, so a scheduler can score ever
 in a single forward pass. The backend tracks each sequence's length itself: llama.cpp requires new
 tokens to continue at the sequence's current end, and rollback is an explicit :meth:`truncate`.
 
-This module knows token ids, logits and the GGUF file; it knows nothing about sampling, speculation
-or which tokens a cache should hold (that is :class:`~specdec.backends.base.SequenceCache`'s job).
-It is not thread-safe: one thread drives one backend.
+Sequence bookkeeping (ids, lengths, batch checks, rollback) is :class:`~specdec.backends.base.SequenceBook`'s;
+this module holds only llama.cpp's own calls. It knows token ids, logits and the GGUF file; it knows
+nothing about sampling, speculation or which tokens a cache should hold (that is
+:class:`~specdec.backends.base.SequenceCache`'s job). It is not thread-safe: one thread drives one backend.
 """
 
 from __future__ import annotations
@@ -15,19 +16,18 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
-import json
 import os
 import struct
-from datetime import datetime
 from pathlib import Path
 from typing import Sequence
 
 import llama_cpp as lc
 import numpy as np
 
-from specdec.backends.base import BackendError
-
-GGUF_MAGIC = b"GGUF"
+from specdec.backends.base import BackendError, SequenceBook
+from specdec.backends.chat_template import ChatTemplate
+from specdec.backends.cpu import physical_cores
+from specdec.models import check_gguf
 
 _initialized = False
 
@@ -52,44 +52,7 @@ def _init_llama() -> None:
         _initialized = True
 
 
-def physical_cores() -> int:
-    """Physical CPU cores this process may run on: distinct (``physical id``, ``core id``) pairs of
-    the /proc/cpuinfo processors in its CPU affinity set; ``os.cpu_count()`` where that fails."""
-    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    cores, proc, phys = set(), -1, "0"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = (x.strip() for x in line.partition(":"))
-                if key == "processor":
-                    proc = int(value)
-                elif key == "physical id":
-                    phys = value
-                elif key == "core id" and (allowed is None or proc in allowed):
-                    cores.add((phys, value))
-    except (OSError, ValueError):
-        pass
-    return len(cores) or (len(allowed) if allowed else os.cpu_count()) or 1
-
-
-def check_gguf(path: str | Path) -> Path:
-    """Check that ``path`` is an existing GGUF file.
-
-    Raises:
-        FileNotFoundError: when the file does not exist.
-        ValueError: when it is not a GGUF file (wrong magic bytes).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"model file not found: {path}")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != GGUF_MAGIC:
-        raise ValueError(f"{path} is not a GGUF model file (starts with {magic!r}, expected b'GGUF')")
-    return path
-
-
-class LlamaCppBackend:
+class LlamaCppBackend(SequenceBook):
     """One GGUF model serving up to ``n_seq_max`` sequences of ``n_ctx`` tokens each.
 
     Args:
@@ -152,7 +115,8 @@ class LlamaCppBackend:
         cparams.n_seq_max = n_seq_max
         cparams.n_batch = cparams.n_ubatch = n_batch
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
-        cparams.kv_unified = n_seq_max > 1 if kv_unified is None else kv_unified
+        self.kv_unified = n_seq_max > 1 if kv_unified is None else kv_unified
+        cparams.kv_unified = self.kv_unified
         cparams.type_k = cparams.type_v = kv_types[kv_cache_type]
         if flash_attn is not None:
             cparams.flash_attn_type = int(flash_attn)  # LLAMA_FLASH_ATTN_TYPE_DISABLED = 0, _ENABLED = 1
@@ -168,114 +132,49 @@ class LlamaCppBackend:
 
         self.n_vocab = lc.llama_vocab_n_tokens(self._vocab)
         self.eog_ids = frozenset(i for i in range(self.n_vocab) if lc.llama_vocab_is_eog(self._vocab, i))
-        self._free_ids = list(range(n_seq_max))
-        self._lengths: dict[int, int] = {}  # seq_id -> tokens in its KV cache
+        self._init_book()
         self._piece_cache: list[bytes | None] = [None] * self.n_vocab
-        self._template = None
+        self._template: ChatTemplate | None = None
 
-    # -- sequences -----------------------------------------------------------------------------
+    # -- the library's own sequence calls (bookkeeping: SequenceBook) ---------------------------
 
-    def new_sequence(self) -> int:
-        """Reserve an empty sequence and return its id.
+    def _drop(self, seq_id: int, n_tokens: int) -> bool:
+        return bool(lc.llama_memory_seq_rm(self._mem, seq_id, n_tokens, -1))
 
-        Raises:
-            BackendError: when all ``n_seq_max`` sequences are in use.
-        """
-        if not self._free_ids:
-            raise BackendError(f"all {self.n_seq_max} sequences of {self.name} are in use; raise n_seq_max")
-        seq_id = self._free_ids.pop(0)
-        self._lengths[seq_id] = 0
-        return seq_id
-
-    def free_sequence(self, seq_id: int) -> None:
-        """Drop every KV cell of ``seq_id`` and make the id reusable."""
-        self._check_seq(seq_id)
-        lc.llama_memory_seq_rm(self._mem, seq_id, 0, -1)
-        del self._lengths[seq_id]
-        self._free_ids.append(seq_id)
-        self._free_ids.sort()
-
-    @property
-    def sequences(self) -> tuple[int, ...]:
-        """Ids of the sequences in use, ascending."""
-        return tuple(sorted(self._lengths))
-
-    def length(self, seq_id: int) -> int:
-        """Tokens currently held in the KV cache of ``seq_id``."""
-        self._check_seq(seq_id)
-        return self._lengths[seq_id]
-
-    def truncate(self, seq_id: int, n_tokens: int) -> None:
-        """Keep the first ``n_tokens`` positions of the sequence's KV cache, drop the rest.
-
-        Raises:
-            BackendError: when llama.cpp refuses the partial removal (recurrent models).
-        """
-        self._check_seq(seq_id)
-        assert 0 <= n_tokens <= self._lengths[seq_id], (n_tokens, self._lengths[seq_id])
-        if n_tokens == self._lengths[seq_id]:
-            return
-        if not lc.llama_memory_seq_rm(self._mem, seq_id, n_tokens, -1):
-            raise BackendError(f"llama.cpp could not truncate sequence {seq_id} to {n_tokens} tokens")
-        self._lengths[seq_id] = n_tokens
-
-    def _check_seq(self, seq_id: int) -> None:
-        if seq_id not in self._lengths:  # KeyError: a caller's bug, not a library failure
-            raise KeyError(f"sequence {seq_id} is not in use (call new_sequence first)")
+    def _copy(self, src: int, dst: int, n_tokens: int) -> bool:
+        # Within one unified KV cache a copy only tags the cells with dst as well (no data moves);
+        # between separate per-sequence streams llama.cpp copies whole streams only, so refuse.
+        if not self.kv_unified:
+            return False
+        lc.llama_memory_seq_cp(self._mem, src, dst, 0, n_tokens)
+        return True
 
     # -- evaluation ----------------------------------------------------------------------------
 
-    def eval(self, batch: dict[int, tuple[Sequence[int], int]]) -> dict[int, np.ndarray]:
-        """Append tokens to several sequences in one ``llama_decode`` (several if over ``n_batch``).
-
-        Args:
-            batch: ``seq_id -> (tokens, n_logits)``; the tokens continue the sequence at its current
-                length, and logits are returned for the last ``n_logits`` of them.
-
-        Returns:
-            ``seq_id -> [n_logits, n_vocab] float32`` logits (copies; row i predicts the token after
-            the i-th of the last ``n_logits`` tokens).
-
-        Raises:
-            BackendError: when a sequence would exceed ``n_ctx`` (nothing is evaluated then) or
-                ``llama_decode`` fails (every sequence is rolled back to its length before the call).
-            ValueError: on a token id outside ``0..n_vocab-1``.
-        """
+    def _forward(self, batch: dict[int, tuple[Sequence[int], int]]) -> dict[int, np.ndarray]:
+        """One ``llama_decode`` for the whole batch (several if over ``n_batch``); see
+        :meth:`~specdec.backends.base.SequenceBook.eval`, which validates it and rolls back on failure."""
         toks, seqs, poss, outs = [], [], [], []  # per token: id, sequence, position, wants logits
         for seq_id, (tokens, n_logits) in batch.items():
-            self._check_seq(seq_id)
             n, start = len(tokens), self._lengths[seq_id]
-            assert 0 <= n_logits <= n, (n_logits, n)
-            if start + n > self.n_ctx:
-                raise BackendError(f"sequence {seq_id} would hold {start + n} tokens, over the context of {self.n_ctx}")
             toks.extend(int(t) for t in tokens)
             seqs.extend([seq_id] * n)
             poss.extend(range(start, start + n))
             outs.extend([False] * (n - n_logits) + [True] * n_logits)
-        if toks and not (0 <= min(toks) and max(toks) < self.n_vocab):
-            raise ValueError(f"token ids must lie in 0..{self.n_vocab - 1}")
-
         result = {s: np.empty((n_logits, self.n_vocab), np.float32) for s, (_, n_logits) in batch.items()}
         filled = dict.fromkeys(batch, 0)
-        before = {s: self._lengths[s] for s in batch}
-        try:
-            for lo in range(0, len(toks), self.n_batch):
-                hi = min(lo + self.n_batch, len(toks))
-                self._decode(toks[lo:hi], seqs[lo:hi], poss[lo:hi], outs[lo:hi])
-                for i in range(lo, hi):
-                    if outs[i]:
-                        row = lc.llama_get_logits_ith(self._ctx, i - lo)
-                        if not row:
-                            raise BackendError(f"llama.cpp returned no logits for batch row {i - lo}")
-                        s = seqs[i]
-                        ctypes.memmove(result[s][filled[s]].ctypes.data, row, 4 * self.n_vocab)
-                        filled[s] += 1
-                    self._lengths[seqs[i]] = poss[i] + 1
-        except BaseException:
-            for s, n in before.items():  # leave no half-evaluated sequence behind
-                lc.llama_memory_seq_rm(self._mem, s, n, -1)
-                self._lengths[s] = n
-            raise
+        for lo in range(0, len(toks), self.n_batch):
+            hi = min(lo + self.n_batch, len(toks))
+            self._decode(toks[lo:hi], seqs[lo:hi], poss[lo:hi], outs[lo:hi])
+            for i in range(lo, hi):
+                if outs[i]:
+                    row = lc.llama_get_logits_ith(self._ctx, i - lo)
+                    if not row:
+                        raise BackendError(f"llama.cpp returned no logits for batch row {i - lo}")
+                    s = seqs[i]
+                    ctypes.memmove(result[s][filled[s]].ctypes.data, row, 4 * self.n_vocab)
+                    filled[s] += 1
+                self._lengths[seqs[i]] = poss[i] + 1
         return result
 
     def _decode(self, toks: list[int], seqs: list[int], poss: list[int], outs: list[bool]) -> None:
@@ -349,57 +248,26 @@ class LlamaCppBackend:
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         """Render chat messages with the model's jinja chat template, ending with the assistant prompt.
 
-        Rendered as Hugging Face transformers does: sandboxed jinja2 with ``trim_blocks``,
-        ``lstrip_blocks``, ``raise_exception``, ``bos_token``, ``eos_token``, ``tojson``, and
-        ``add_generation_prompt=True``.
-
         Raises:
             ValueError: when the model has no chat template, or the template fails on the messages.
         """
-        import jinja2
-
         if self._template is None:
-            self._template = self._compile_template()
-        vocab = self._vocab
+            vocab = self._vocab
 
-        def token_text(i: int) -> str:
-            return (lc.llama_vocab_get_text(vocab, i) or b"").decode("utf-8", "replace") if i >= 0 else ""
+            def token_text(i: int) -> str:
+                return (lc.llama_vocab_get_text(vocab, i) or b"").decode("utf-8", "replace") if i >= 0 else ""
 
-        def raise_exception(message: str):
-            raise ValueError(f"chat template of {self.name}: {message}")
-
-        try:
-            return self._template.render(
-                messages=messages,
-                add_generation_prompt=True,
-                bos_token=token_text(lc.llama_vocab_bos(vocab)),
-                eos_token=token_text(lc.llama_vocab_eos(vocab)),
-                raise_exception=raise_exception,
-                strftime_now=lambda fmt: datetime.now().strftime(fmt),
-            )
-        except jinja2.TemplateError as e:
-            raise ValueError(f"chat template of {self.name} failed: {e}; use --raw") from e
-
-    def _compile_template(self):
-        import jinja2.ext
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        source = lc.llama_model_chat_template(self._model, None)
-        if not source:
-            raise ValueError(f"model {self.name} has no chat template; use --raw")
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-        env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(
-            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-        )
-        try:
-            return env.from_string(source.decode("utf-8", "replace"))
-        except jinja2.TemplateError as e:
-            raise ValueError(f"chat template of {self.name} is invalid: {e}; use --raw") from e
+            source = lc.llama_model_chat_template(self._model, None)
+            self._template = ChatTemplate(source.decode("utf-8", "replace") if source else None, self.name,
+                                          bos_token=token_text(lc.llama_vocab_bos(vocab)),
+                                          eos_token=token_text(lc.llama_vocab_eos(vocab)))
+        return self._template.render(messages)
 
     # -- lifetime ------------------------------------------------------------------------------
 
     def close(self) -> None:
         """Free the batch, the context and the model; idempotent."""
+        self.retained = []
         if getattr(self, "_batch_live", False):
             lc.llama_batch_free(self._batch)
             self._batch_live = False

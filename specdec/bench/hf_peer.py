@@ -74,7 +74,7 @@ def parse_spec(text: str):
     Raises:
         ValueError: on an unknown field or a bad value.
     """
-    from specdec.types import SpecConfig
+    from specdec.params import SpecConfig
 
     method, _, opts = text.partition(":")
     kwargs: dict = {"method": method}
@@ -117,7 +117,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     from specdec.backends.hf import HFBackend
     from specdec.engine import Engine
     from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
-    from specdec.types import SamplingParams, SpecConfig
+    from specdec.params import SamplingParams, SpecConfig
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()

@@ -34,21 +34,7 @@ SPECULATIVE = ("draft", "draft-pmin", "ngram", "hybrid", "auto", "server-spec")
 def cost_snapshot(cost: CostModel, greedy: bool) -> dict:
     """The engine's cost tables as JSON: ``S`` (seconds by tokens scored, measured sizes only), sample
     counts, and the draft model's seconds per token."""
-    table = cost.target[greedy]
-    sizes = [int(n) for n in np.flatnonzero(table.count)]
-    return {
-        "greedy": greedy,
-        "S": {n: float(table.mean[n]) for n in sizes},
-        "count": {n: int(table.count[n]) for n in sizes},
-        "draft_token_seconds": cost.draft_token.estimate(1),
-    }
-
-
-def _table(snap: dict) -> TimingTable:
-    t = TimingTable()
-    for n, s in snap["S"].items():
-        t.mean[int(n)], t.count[int(n)] = s, snap["count"][n]
-    return t
+    return {"greedy": greedy, **cost.target[greedy].snapshot(), "draft_token_seconds": cost.draft_token.estimate(1)}
 
 
 def _num(x) -> float:
@@ -110,7 +96,7 @@ def summarize(doc: dict) -> list[dict]:
     """One row per (category, method) in run order, plus ``all`` rows over every category."""
     runs = doc["runs"]
     snap = doc["cost_model"]
-    table = _table(snap)
+    table = TimingTable.from_snapshot(snap)
     t_draft = _num(snap.get("draft_token_seconds"))
     cats = list(dict.fromkeys(r["category"] for r in runs)) + ["all"]
     order = doc["config"]["methods"]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.bench.prompts import CATEGORIES, WARMUP_PROMPT, BenchPrompt, load_prompts
-from specdec.types import SamplingParams, SpecConfig
+from specdec.params import SamplingParams, SpecConfig
 
 SPECDEC_METHODS = ("none", "draft", "draft-pmin", "ngram", "hybrid", "auto")
 PEER_METHODS = ("raw", "server", "server-spec")

@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.api import load_engine
     from specdec.bench.prompts import load_prompts
     from specdec.server import ServerConfig, create_app
-    from specdec.types import SpecConfig
+    from specdec.params import SpecConfig
 
     prompts = [bp.text for bp in load_prompts(per_category=2)]
     engine = load_engine(args.target, args.draft, SpecConfig(method="draft", num_speculative_tokens=args.k),

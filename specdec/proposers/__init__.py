@@ -1,9 +1,11 @@
 """Proposers: one file per method, registered by name in :data:`PROPOSERS`."""
 
-from specdec.proposers.base import EMPTY_PROPOSAL, PROPOSERS, Proposal, Proposer
+from specdec.proposers.base import (
+    EMPTY_PROPOSAL, PROPOSERS, DraftCost, Outcome, Proposal, Proposer, ProposerContext, ProposerEntry, register,
+)
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.hybrid import HybridProposer
 from specdec.proposers.ngram import NgramProposer
 
-__all__ = ["EMPTY_PROPOSAL", "PROPOSERS", "Proposal", "Proposer", "DraftModelProposer", "HybridProposer",
-           "NgramProposer"]
+__all__ = ["EMPTY_PROPOSAL", "PROPOSERS", "DraftCost", "DraftModelProposer", "HybridProposer", "NgramProposer",
+           "Outcome", "Proposal", "Proposer", "ProposerContext", "ProposerEntry", "register"]

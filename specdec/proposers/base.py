@@ -1,35 +1,100 @@
-"""The Proposer protocol and the registry mapping a method name to a proposer class.
+"""The Proposer protocol, what proposers hand over and get back, and the registry of methods.
 
-A proposer guesses the next tokens of a sequence. It returns the draft token ids and, for a sampling
-proposer, the processed distribution ``q`` each token was drawn from; a point-mass proposer (n-gram
-lookup) returns ``probs=None``. Proposers never see the target's logits and never commit tokens.
+A proposer guesses the next tokens of a sequence. It returns a :class:`Proposal`: the draft token ids
+and, for a sampling proposer, the processed distribution ``q`` each token was drawn from (``probs=None``
+for a point-mass proposer such as n-gram lookup), possibly with alternative candidates scored in the
+same target call. After verification the step hands it an :class:`Outcome` (what the proposal earned).
+Proposers never see the target's logits and never commit tokens.
+
+:data:`PROPOSERS` maps a method name to a :class:`ProposerEntry`: a factory that takes only what the
+engine offers (:class:`ProposerContext`) and the request's :class:`~specdec.params.SpecConfig`, and the
+method's default ``num_speculative_tokens``. Method names exist here and nowhere else.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import numpy as np
 
-from specdec.types import SamplingParams
+from specdec.params import SamplingParams
+from specdec.verify.base import Draft
+
+if TYPE_CHECKING:
+    from specdec.adaptive import CostModel
+    from specdec.backends.base import Backend
+    from specdec.params import SpecConfig
+
+
+@dataclass(frozen=True)
+class DraftCost:
+    """What a proposal cost a draft model, for the cost model.
+
+    Attributes:
+        evals: Draft-model forward calls made (one per drafted token, plus one for an early stop).
+        catchup: Committed tokens the draft model had not seen before drafting (1-2 in steady state).
+        seconds: Wall time of the drafting, seconds.
+    """
+
+    evals: int
+    catchup: int
+    seconds: float
 
 
 @dataclass(frozen=True)
 class Proposal:
-    """A draft block.
+    """A step's draft: a main candidate and, optionally, alternatives scored in the same target call.
 
     Attributes:
-        tokens: ``[k'] int`` draft token ids, ``0 <= k' <= k`` (empty = nothing to propose).
+        tokens: ``[k'] int`` draft token ids of the main candidate, ``0 <= k' <= k`` (empty: nothing
+            proposed, a plain step).
         probs: ``[k', V] float64`` processed draft distributions, or ``None`` for point masses or
             greedy drafting.
+        alternatives: More candidates (a token tree, verified by the ``tree`` verifier); they must be
+            point masses. Each costs the target ``len + 1`` more scored tokens.
+        kind: The kind of proposal whose acceptance the engine pools (``"draft"``, ``"ngram3"``, ...),
+            or ``None`` to pool nothing (proposers without statistics).
+        draft_cost: What drafting cost a draft model, or ``None`` when no model ran.
     """
 
     tokens: list[int]
     probs: np.ndarray | None = None
+    alternatives: tuple[Draft, ...] = ()
+    kind: str | None = None
+    draft_cost: DraftCost | None = None
+
+    @property
+    def candidates(self) -> tuple[Draft, ...]:
+        """``[c]``: the main candidate, then the alternatives."""
+        return (Draft(list(self.tokens), self.probs), *self.alternatives)
+
+    @property
+    def empty(self) -> bool:
+        """True when nothing is proposed (a plain step)."""
+        return not self.tokens and not self.alternatives
 
 
 EMPTY_PROPOSAL = Proposal(tokens=[])
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a verified proposal earned, handed back to its proposer.
+
+    Attributes:
+        proposal: The proposal.
+        candidate: Index of the candidate on the accepted path (0: the main one).
+        proposed: Drafts of that candidate that were verified.
+        accepted: Drafts of it accepted (a prefix).
+        context_len: Committed tokens (prompt included) after the step.
+    """
+
+    proposal: Proposal
+    candidate: int
+    proposed: int
+    accepted: int
+    context_len: int
 
 
 class Proposer(Protocol):
@@ -43,21 +108,56 @@ class Proposer(Protocol):
     ) -> Proposal:
         """Draft up to ``k`` tokens that follow ``context`` (prompt + committed tokens)."""
 
-    def observe(self, context: Sequence[int], num_proposed: int, num_accepted: int) -> None:
-        """Feedback after verification; ``context`` now includes the committed block."""
+    def observe(self, outcome: Outcome) -> None:
+        """Feedback after verification of a non-empty proposal."""
 
     def close(self) -> None:
         """Release what the proposer holds (a draft model's sequence)."""
 
 
-PROPOSERS: dict[str, Callable[..., Proposer]] = {}
+@dataclass(frozen=True)
+class ProposerContext:
+    """What the engine offers a proposer factory.
+
+    Attributes:
+        draft: The draft model's backend, or ``None``.
+        vocab_size: ``V``, the real vocabulary (draft logits are sliced to it).
+        cost: The engine's cost model (timings and pooled acceptance; read-only for proposers).
+    """
+
+    draft: "Backend | None"
+    vocab_size: int
+    cost: "CostModel"
 
 
-def register(name: str):
-    """Class decorator adding a proposer to :data:`PROPOSERS` under ``name``."""
+@dataclass(frozen=True)
+class ProposerEntry:
+    """A registered method.
 
-    def deco(cls):
-        PROPOSERS[name] = cls
-        return cls
+    Attributes:
+        factory: ``(context, spec) -> Proposer``.
+        default_k: ``num_speculative_tokens`` when a request gives none (fixed k, or the cap of an
+            adaptive method).
+        needs_draft: True when the method cannot run without a draft model.
+        uses_draft: True when the method uses the draft model if there is one.
+    """
+
+    factory: Callable[[ProposerContext, "SpecConfig"], Proposer]
+    default_k: int
+    needs_draft: bool = False
+    uses_draft: bool = False
+
+
+PROPOSERS: dict[str, ProposerEntry] = {}
+"""Method name -> :class:`ProposerEntry`; ``"none"`` (plain decoding) is the one method not here."""
+
+
+def register(name: str, default_k: int, needs_draft: bool = False, uses_draft: bool | None = None):
+    """Decorator adding a factory ``(ProposerContext, SpecConfig) -> Proposer`` to :data:`PROPOSERS`."""
+
+    def deco(factory):
+        PROPOSERS[name] = ProposerEntry(factory, default_k, needs_draft,
+                                        needs_draft if uses_draft is None else uses_draft)
+        return factory
 
     return deco

@@ -12,22 +12,22 @@ never evaluated its own last draft token.
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import numpy as np
 
-from specdec.backends.base import Backend, SequenceCache
-from specdec.proposers.base import EMPTY_PROPOSAL, Proposal, register
+from specdec.backends.base import SequenceCache
+from specdec.params import SamplingParams, SpecConfig
+from specdec.proposers.base import EMPTY_PROPOSAL, DraftCost, Outcome, Proposal, ProposerContext, register
 from specdec.sampling import SamplingState, sample
-from specdec.types import SamplingParams
 
 
-@register("draft")
 class DraftModelProposer:
     """Samples drafts from a draft model.
 
     Args:
-        draft: The draft model's backend (one sequence is reserved per proposer).
+        cache: The draft sequence this proposer drafts in (it frees it on :meth:`close`).
         vocab_size: Rows of the target's vocabulary; draft logits are sliced to it, so a padded
             draft vocabulary never proposes a token the target cannot score.
         p_min: Early stop (llama.cpp's ``--draft-p-min``): stop before a draft token whose probability
@@ -36,10 +36,10 @@ class DraftModelProposer:
             (for proposers that may never use the draft model).
     """
 
-    def __init__(self, draft: Backend, vocab_size: int | None = None, p_min: float = 0.0,
-                 lazy_prefill: bool = False, **_: object):
-        self.cache = SequenceCache(draft)
-        self.vocab_size = vocab_size or draft.n_vocab
+    def __init__(self, cache: SequenceCache, vocab_size: int | None = None, p_min: float = 0.0,
+                 lazy_prefill: bool = False):
+        self.cache = cache
+        self.vocab_size = vocab_size or cache.backend.n_vocab
         self.p_min = p_min
         self.lazy_prefill = lazy_prefill
         self._prompt: list[int] = []
@@ -60,12 +60,26 @@ class DraftModelProposer:
         self._state.sync(context)
         return self._state
 
+    def catchup(self, context: Sequence[int]) -> int:
+        """Tokens of ``context`` the draft's cache lacks (what the next :meth:`propose` evaluates first)."""
+        held = self.cache.tokens
+        n = min(len(held), len(context))
+        if held[:n] != list(context[:n]):
+            n = next(i for i in range(n) if held[i] != context[i])
+        return len(context) - n
+
     def propose(
-        self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
+        self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator,
+        kind: str | None = None,
     ) -> Proposal:
-        """Sample ``k`` draft tokens autoregressively; ``probs`` is ``[k, V] float64`` (None if greedy)."""
+        """Sample ``k`` draft tokens autoregressively; ``probs`` is ``[k, V] float64`` (None if greedy).
+
+        ``kind`` labels the proposal for pooled acceptance statistics (adaptive proposers pass
+        ``"draft"``); the proposal's ``draft_cost`` says what drafting took.
+        """
         if k <= 0:
             return EMPTY_PROPOSAL
+        t0, catchup = time.perf_counter(), self.catchup(context)
         state = self._sampling_state(context, params)
         seq = list(context)
         tokens: list[int] = []
@@ -84,9 +98,11 @@ class DraftModelProposer:
                 rows.append(q)
             tokens.append(tok)
             seq.append(tok)
-        return Proposal(tokens=tokens, probs=np.stack(rows) if rows else None)
+        evals = min(k, len(tokens) + 1)  # an early stop evaluated one more position
+        return Proposal(tokens=tokens, probs=np.stack(rows) if rows else None, kind=kind if tokens else None,
+                        draft_cost=DraftCost(evals, catchup, time.perf_counter() - t0))
 
-    def observe(self, context: Sequence[int], num_proposed: int, num_accepted: int) -> None:
+    def observe(self, outcome: Outcome) -> None:
         """Nothing to do: the next :meth:`propose` rolls the cache back to the committed context."""
 
     def close(self) -> None:
@@ -97,3 +113,9 @@ class DraftModelProposer:
 def _top_probability(logits: np.ndarray) -> float:
     """Largest softmax probability of one row of logits (``[V] float32``)."""
     return float(1.0 / np.exp(logits - logits.max()).sum())
+
+
+@register("draft", default_k=4, needs_draft=True)
+def _draft(ctx: ProposerContext, spec: SpecConfig) -> DraftModelProposer:
+    """``draft``: the draft model with a fixed k."""
+    return DraftModelProposer(SequenceCache(ctx.draft), ctx.vocab_size, p_min=spec.draft_p_min)

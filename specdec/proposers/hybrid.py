@@ -20,18 +20,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
 from specdec.adaptive import AcceptanceStats, Choice, CostModel, expected_tokens
-from specdec.backends.base import Backend
-from specdec.proposers.base import EMPTY_PROPOSAL, PROPOSERS, Proposal, register
+from specdec.backends.base import SequenceCache
+from specdec.params import SamplingParams, SpecConfig
+from specdec.proposers.base import EMPTY_PROPOSAL, Outcome, Proposal, ProposerContext, register
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.ngram import NgramIndex
-from specdec.types import SamplingParams
 
 RULE_THRESHOLD = 0.5
 """``hybrid`` drafts while the estimated acceptance of the next position is at least this."""
@@ -116,34 +115,28 @@ def _leading(accept: np.ndarray, threshold: float) -> int:
     return int(below[0]) if len(below) else len(accept)
 
 
-@register("hybrid")
 class HybridProposer:
     """N-gram lookup first, the draft model otherwise; see the module docstring.
 
     Args:
-        draft: The draft model's backend, or None (n-gram only).
-        vocab_size: Rows of the target's vocabulary (see :class:`DraftModelProposer`).
+        draft: The draft-model proposer (prefilled lazily), or None (n-gram only).
         ngram_max: Longest suffix n-gram matched.
         ngram_min: Shortest suffix n-gram matched.
-        cost_model: The engine's :class:`~specdec.adaptive.CostModel` (timings and pooled acceptance).
+        cost_model: The engine's :class:`~specdec.adaptive.CostModel` (timings and pooled acceptance),
+            read here and fed by the step's reports.
         adaptive: True for ``auto`` (choose by the cost model), False for ``hybrid`` (by acceptance).
-        p_min: Draft early stop: stop drafting when the draft's top probability is below this.
     """
 
-    def __init__(self, draft: Backend | None = None, vocab_size: int | None = None, ngram_max: int = 3,
-                 ngram_min: int = 1, cost_model: CostModel | None = None, adaptive: bool = False,
-                 p_min: float = 0.0, **_: object):
+    def __init__(self, draft: DraftModelProposer | None = None, ngram_max: int = 3, ngram_min: int = 1,
+                 cost_model: CostModel | None = None, adaptive: bool = False):
         self.index = NgramIndex(ngram_min, ngram_max)
-        self.draft = None if draft is None else DraftModelProposer(draft, vocab_size, p_min=p_min, lazy_prefill=True)
+        self.draft = draft
         self.cost = cost_model if cost_model is not None else CostModel()
         self.adaptive = adaptive
         self.probe = ProbeSchedule()
         self.log = PredictionLog()
         self._stats: dict[str, AcceptanceStats] = {}
         self._cap: dict[str, int] = {}  # per source (draft, ngram): most drafts allowed now (slow start)
-        self._last: str | None = None  # kind of the pending proposal
-        self._draft_len = 0  # tokens of the context the draft's cache holds (after the next rollback)
-        self._draft_base = 0  # context length when the draft last drafted
 
     def stats(self, kind: str) -> AcceptanceStats:
         """This request's acceptance statistics of one kind (``draft``, ``ngramN``)."""
@@ -173,28 +166,20 @@ class HybridProposer:
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
     ) -> Proposal:
-        """Draft up to ``k`` tokens from the n-gram index or the draft model (possibly none)."""
-        self._last = None
+        """Draft up to ``k`` tokens from the n-gram index or the draft model (possibly none); the
+        proposal's ``kind`` is ``ngramN`` or ``draft``."""
         if k <= 0:
             return EMPTY_PROPOSAL
         self.index.sync(context)
         match, order = self.index.lookup(k)
-        catchup = len(context) - self._draft_len
+        catchup = self.draft.catchup(context) if self.draft is not None else len(context)
         choice = (self._choose_auto if self.adaptive else self._choose_rule)(match, order, k, catchup, params.greedy)
         self._log(choice, order, catchup, params.greedy)
         if choice.source == "ngram":
-            self._last = f"ngram{order}"
-            return Proposal(tokens=match[: choice.k])
+            return Proposal(tokens=match[: choice.k], kind=f"ngram{order}")
         if choice.source == "draft":
             assert self.draft is not None
-            t0 = time.perf_counter()
-            prop = self.draft.propose(context, choice.k, params, rng)
-            evals = min(choice.k, len(prop.tokens) + 1)  # an early stop evaluated one more position
-            self.cost.observe_draft(evals, catchup, time.perf_counter() - t0)
-            self._draft_base = len(context)
-            self._draft_len = len(self.draft.cache.tokens)
-            self._last = "draft" if prop.tokens else None
-            return prop
+            return self.draft.propose(context, choice.k, params, rng, kind="draft")
         return EMPTY_PROPOSAL
 
     # -- the two policies -----------------------------------------------------------------------
@@ -256,17 +241,16 @@ class HybridProposer:
         self.log.add(Choice(choice.source, choice.k, tokens, seconds, choice.probe), cm.step_seconds(1, greedy))
 
     # -- feedback -------------------------------------------------------------------------------
-    def observe(self, context: Sequence[int], num_proposed: int, num_accepted: int) -> None:
-        """Update the acceptance statistics of the kind just verified and the draft's sync point."""
-        if self._last is None:
+    def observe(self, outcome: Outcome) -> None:
+        """Update this request's acceptance statistics of the kind just verified, and its slow start.
+        (The engine's pooled statistics are fed by the step's report, not here.)"""
+        kind = outcome.proposal.kind
+        if kind is None:
             return
-        self.stats(self._last).observe(num_proposed, num_accepted)
-        source = "draft" if self._last == "draft" else "ngram"
-        if self.adaptive and num_accepted == num_proposed:
+        self.stats(kind).observe(outcome.proposed, outcome.accepted)
+        source = "draft" if kind == "draft" else "ngram"
+        if self.adaptive and outcome.accepted == outcome.proposed:
             self._cap[source] = 2 * self.cap(source)
-        if self._last == "draft":
-            self._draft_len = min(self._draft_len, self._draft_base + num_accepted)
-        self._last = None
 
     def report(self) -> dict:
         """Predicted speed-up and the choices taken (see :class:`PredictionLog`)."""
@@ -278,4 +262,15 @@ class HybridProposer:
             self.draft.close()
 
 
-PROPOSERS["auto"] = lambda **kw: HybridProposer(**{**kw, "adaptive": True})
+def _hybrid_factory(adaptive: bool):
+    def factory(ctx: ProposerContext, spec: SpecConfig) -> HybridProposer:
+        draft = None if ctx.draft is None else DraftModelProposer(
+            SequenceCache(ctx.draft), ctx.vocab_size, p_min=spec.draft_p_min, lazy_prefill=True)
+        return HybridProposer(draft, spec.ngram_max, spec.ngram_min, ctx.cost, adaptive=adaptive)
+
+    factory.__doc__ = f"``{'auto' if adaptive else 'hybrid'}``: n-gram lookup or the draft model."
+    return factory
+
+
+register("hybrid", default_k=8, uses_draft=True)(_hybrid_factory(adaptive=False))
+register("auto", default_k=16, uses_draft=True)(_hybrid_factory(adaptive=True))

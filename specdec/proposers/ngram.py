@@ -16,8 +16,8 @@ from typing import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from specdec.proposers.base import EMPTY_PROPOSAL, Proposal, register
-from specdec.types import SamplingParams
+from specdec.params import SamplingParams, SpecConfig
+from specdec.proposers.base import EMPTY_PROPOSAL, Outcome, Proposal, ProposerContext, register
 
 
 def find_ngram_continuation(context: np.ndarray, k: int, ngram_max: int, ngram_min: int) -> list[int]:
@@ -85,7 +85,6 @@ class NgramIndex:
         return [], 0
 
 
-@register("ngram")
 class NgramProposer:
     """Prompt-lookup proposer.
 
@@ -94,7 +93,7 @@ class NgramProposer:
         ngram_min: Shortest suffix n-gram to match.
     """
 
-    def __init__(self, ngram_max: int = 3, ngram_min: int = 1, **_: object):
+    def __init__(self, ngram_max: int = 3, ngram_min: int = 1):
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
         self.index = NgramIndex(ngram_min, ngram_max)
@@ -112,8 +111,14 @@ class NgramProposer:
         tokens, _ = self.index.lookup(k)
         return Proposal(tokens=tokens) if tokens else EMPTY_PROPOSAL
 
-    def observe(self, context: Sequence[int], num_proposed: int, num_accepted: int) -> None:
+    def observe(self, outcome: Outcome) -> None:
         """No state to update."""
 
     def close(self) -> None:
         """Nothing held."""
+
+
+@register("ngram", default_k=4)
+def _ngram(ctx: ProposerContext, spec: SpecConfig) -> NgramProposer:
+    """``ngram``: prompt lookup with a fixed k."""
+    return NgramProposer(spec.ngram_max, spec.ngram_min)

@@ -11,7 +11,7 @@ import codecs
 
 
 def _token_entry(engine, token_id: int, logprob: float) -> dict:
-    data = engine.target.token_bytes(token_id)
+    data = engine.token_bytes(token_id)
     try:
         token = data.decode("utf-8")
     except UnicodeDecodeError:  # part of a character: OpenAI's "bytes:\\xNN" spelling keeps tokens distinct

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
-from specdec.types import MAX_SPECULATIVE_TOKENS
+from specdec.params import MAX_SPECULATIVE_TOKENS
 
 
 class _Lenient(BaseModel):

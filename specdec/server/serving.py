@@ -13,16 +13,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import math
 import typing
 from dataclasses import dataclass, fields
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from specdec.request import StreamChunk
+from specdec.output import StreamChunk
 from specdec.scheduler import QueueFullError, SchedulerClosedError
 from specdec.server.errors import APIError
 from specdec.server.protocol import ChatCompletionRequest, CompletionRequest, SpeculativeStats, Usage
-from specdec.types import GenerationResult, SamplingParams, SpecConfig
+from specdec.params import SamplingParams, SpecConfig
+from specdec.stats import acceptance_rate, mean_accepted_length
+from specdec.types import GenerationResult
 
 SERVER_FIELDS = frozenset({
     "model", "prompt", "messages", "n", "stream", "stream_options", "user", "speculative", "echo", "suffix",
@@ -135,8 +138,6 @@ def check_prompt(engine, ids: list[int], limits: Limits) -> list[int]:
     Raises:
         APIError: 400 with ``context_length_exceeded`` for a prompt that is too long.
     """
-    if any(not 0 <= t < engine.target.n_vocab for t in ids):
-        raise APIError(400, f"token ids must lie in 0..{engine.target.n_vocab - 1}", param="prompt")
     if len(ids) > limits.max_prompt_tokens:
         raise APIError(400, f"the prompt is {len(ids)} tokens, over the limit of {limits.max_prompt_tokens}",
                        param="prompt", code="context_length_exceeded")
@@ -144,7 +145,7 @@ def check_prompt(engine, ids: list[int], limits: Limits) -> list[int]:
         return engine.encode_prompt(ids)
     except ValueError as e:
         code = "context_length_exceeded" if "context" in str(e) else None
-        raise APIError(400, str(e), code=code) from None
+        raise APIError(400, str(e), param="prompt", code=code) from None
 
 
 def tokenize_completion_prompts(engine, prompt) -> list[list[int]]:
@@ -172,7 +173,7 @@ def tokenize_chat(engine, messages) -> list[int]:
             content = "".join(p.text for p in content)
         rendered.append({"role": m.role, "content": content or ""})
     try:
-        text = engine.target.apply_chat_template(rendered)
+        text = engine.render_chat(rendered)
     except ValueError as e:
         raise APIError(400, str(e), param="messages") from None
     except Exception as e:  # a template may raise anything on odd input
@@ -185,7 +186,7 @@ def _tokenize(engine, text: str) -> list[int]:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise APIError(400, "the text contains invalid Unicode (lone surrogates)", param="prompt") from None
-    return engine.target.tokenize(text, special=True)
+    return engine.tokenize(text, special=True)
 
 
 def spec_for(engine, req) -> SpecConfig:
@@ -202,13 +203,16 @@ def spec_for(engine, req) -> SpecConfig:
     k = opt.num_speculative_tokens
     if k is None and method == base.method:
         k = base.num_speculative_tokens
-    if method == "draft" and engine.draft is None:
-        raise APIError(400, "speculative.method 'draft' needs a draft model; this server has none "
-                       "(start it with --draft, or use 'ngram' or 'none')", param="speculative.method")
     try:
-        return dataclasses.replace(base, method=method, num_speculative_tokens=k)
+        spec = dataclasses.replace(base, method=method, num_speculative_tokens=k)
     except ValueError as e:
         raise APIError(400, f"speculative: {e}", param="speculative") from None
+    try:
+        engine.check_spec(spec)
+    except ValueError as e:
+        raise APIError(400, f"speculative.method: {e} (start the server with --draft)",
+                       param="speculative.method") from None
+    return spec
 
 
 def speculative_stats(spec: SpecConfig, results: list[GenerationResult]) -> SpeculativeStats:
@@ -217,10 +221,11 @@ def speculative_stats(spec: SpecConfig, results: list[GenerationResult]) -> Spec
     accepted = sum(r.stats.accepted for r in results)
     calls = sum(r.stats.target_calls for r in results)
     committed = sum(r.stats.committed for r in results)
+    rate, mal = acceptance_rate(accepted, proposed), mean_accepted_length(committed, calls)
     return SpeculativeStats(
         method=spec.method if spec.k else "none", num_speculative_tokens=spec.k, proposed=proposed,
-        accepted=accepted, acceptance_rate=accepted / proposed if proposed else None,
-        mean_accepted_length=committed / calls if calls else None, target_calls=calls,
+        accepted=accepted, acceptance_rate=None if math.isnan(rate) else rate,
+        mean_accepted_length=None if math.isnan(mal) else mal, target_calls=calls,
     )
 
 

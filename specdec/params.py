@@ -1,0 +1,238 @@
+"""Request settings, validated once at the edge: :class:`SamplingParams` (how logits become tokens, when to
+stop) and :class:`SpecConfig` (which proposer, how many draft tokens, which verifier).
+
+Method and verifier names come from their registries (:data:`specdec.proposers.PROPOSERS`,
+:data:`specdec.verify.VERIFIERS`); this module lists none of them itself. It knows nothing about models
+or arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import operator
+from dataclasses import dataclass, field
+
+GREEDY_TEMPERATURE = 1e-5
+"""Temperatures below this are treated as 0 (greedy), as vLLM does (``_SAMPLING_EPS``)."""
+
+MAX_SPECULATIVE_TOKENS = 64
+"""Largest ``num_speculative_tokens`` accepted; beyond this the target's scoring cost dwarfs any gain."""
+
+PLAIN_METHOD = "none"
+"""The method name of plain decoding (no proposer)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to turn the target's logits into tokens, and when to stop.
+
+    Attributes:
+        temperature: Softmax temperature; ``0`` means greedy (argmax) decoding.
+        top_k: Keep only the ``top_k`` most likely tokens; ``0`` disables the filter.
+        top_p: Nucleus sampling: keep the smallest set of tokens whose probability mass is at least
+            ``top_p`` (Holtzman et al. 2019); ``1.0`` disables it. Must lie in (0, 1].
+        max_tokens: Largest number of new tokens (end-of-generation tokens excluded); never overshot.
+        stop: Stop strings; the output text is cut before the first occurrence of any of them. They
+            are honoured even before ``min_tokens`` is reached (vLLM ignores them until then): the
+            output never runs past a stop string.
+        seed: Seed of the request's own random generator; ``None`` draws fresh entropy. The same seed
+            gives the same tokens for the same prompt, settings and ``k``.
+        min_p: Keep tokens whose probability is at least ``min_p`` times the top token's (after
+            temperature); ``0`` disables it. In [0, 1].
+        repetition_penalty: CTRL-style penalty over prompt AND generated tokens (HF/vLLM): a positive
+            logit is divided by it, a negative one multiplied; ``1`` disables it. Must be > 0.
+        presence_penalty: OpenAI's: ``logit -= presence_penalty`` for every token generated at least
+            once (generated tokens only, not the prompt). In [-2, 2].
+        frequency_penalty: OpenAI's: ``logit -= frequency_penalty * count`` over generated tokens.
+            In [-2, 2].
+        logit_bias: ``{token_id: bias}`` added to the raw logits (OpenAI's); biases in [-100, 100].
+            String keys (JSON) are converted to int.
+        min_tokens: End-of-generation tokens are banned until this many tokens are generated (vLLM's);
+            ``<= max_tokens``.
+        logprobs: Return the log-probability of each generated token. Logprobs are the target model's
+            RAW distribution, ``log_softmax(logits)`` before temperature, penalties, bias and filters
+            (vLLM v1's default), always read from the target's row for that position, so speculation
+            never changes them.
+        top_logprobs: Also return this many most likely tokens per position (0..20; OpenAI's chat
+            field); needs ``logprobs``.
+        n: Independent samples per prompt (:meth:`for_sample`; ``Engine.generate_n``).
+
+    Penalties, ``logit_bias`` and ``min_tokens`` also apply to greedy decoding (it takes the argmax of
+    the penalized logits). Processing order: min_tokens, logit_bias, repetition, frequency and presence
+    penalties, temperature, min-p, top-k, top-p (vLLM v1's).
+
+    Raises:
+        ValueError: On any out-of-range value, with a message that says what is allowed.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    min_tokens: int = 0
+    logprobs: bool = False
+    top_logprobs: int = 0
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if not 0 <= self.temperature < math.inf:  # also rejects NaN
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = disabled), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if any(s == "" for s in self.stop):
+            raise ValueError("stop strings must not be empty")
+        if self.seed is not None:
+            try:
+                seed = operator.index(self.seed)
+            except TypeError:
+                seed = -1
+            if seed < 0:
+                raise ValueError(f"seed must be a non-negative integer or None, got {self.seed!r}")
+            object.__setattr__(self, "seed", int(seed))
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1] (0 = disabled), got {self.min_p}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1 = disabled), got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2] (0 = disabled), got {getattr(self, name)}")
+        try:
+            bias = {int(t): float(b) for t, b in dict(self.logit_bias).items()}
+        except (TypeError, ValueError):
+            raise ValueError("logit_bias must map integer token ids to numbers, e.g. {50256: -100}") from None
+        if any(not -100 <= b <= 100 for b in bias.values()):
+            raise ValueError("logit_bias values must be in [-100, 100]")
+        object.__setattr__(self, "logit_bias", bias)
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in 0..max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        if not 0 <= self.top_logprobs <= 20:
+            raise ValueError(f"top_logprobs must be in 0..20, got {self.top_logprobs}")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=True")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding is greedy: temperature below :data:`GREEDY_TEMPERATURE` (vLLM's rule;
+        dividing logits by a smaller temperature overflows float64)."""
+        return self.temperature < GREEDY_TEMPERATURE
+
+    def replace(self, **changes) -> "SamplingParams":
+        """Return a copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def for_sample(self, index: int) -> "SamplingParams":
+        """The parameters of sample ``index`` of ``n``: ``n=1`` and, when seeded, a derived seed.
+
+        Sample 0 keeps ``seed`` (so it equals the ``n=1`` request); sample ``i > 0`` gets the first 8
+        bytes of ``sha256("seed:i")``, so samples are reproducible and distinct. Unseeded samples stay
+        unseeded (fresh entropy each).
+
+        Raises:
+            ValueError: when ``index`` is outside ``0..n-1``.
+        """
+        if not 0 <= index < self.n:
+            raise ValueError(f"sample index must be in 0..{self.n - 1}, got {index}")
+        seed = self.seed
+        if seed is not None and index:
+            seed = int.from_bytes(hashlib.sha256(f"{seed}:{index}".encode()).digest()[:8], "little")
+        return dataclasses.replace(self, n=1, seed=seed)
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Which proposer to use, how many tokens it drafts per step, and how sampled drafts are verified.
+
+    Attributes:
+        method: A proposer registered in :data:`specdec.proposers.PROPOSERS` (``"auto"``, ``"hybrid"``,
+            ``"draft"``, ``"ngram"``) or ``"none"`` (plain decoding). ``draft``: the draft model;
+            ``ngram``: prompt lookup; ``hybrid``: n-gram lookup, else the draft model, k from acceptance
+            statistics; ``auto``: hybrid with k (0 included) chosen each step by the cost model of
+            :mod:`specdec.adaptive`.
+        num_speculative_tokens: ``k``, the most draft tokens per target call (fixed for draft/ngram, the
+            cap for hybrid/auto); ``None``: the method's registered default (:func:`default_k`).
+        draft_p_min: Draft early stop (llama.cpp's ``--draft-p-min``): the draft model stops drafting
+            when its top probability falls below this; 0 disables it.
+        ngram_max: Longest suffix n-gram the prompt-lookup proposer tries to match.
+        ngram_min: Shortest suffix n-gram the prompt-lookup proposer tries to match.
+        verify: The verifier of sampled requests, a sampling entry of :data:`specdec.verify.VERIFIERS`:
+            ``"block"`` (block verification, Sun et al. 2024, arXiv 2403.10444; the default) or
+            ``"token"`` (token-by-token speculative sampling, Leviathan et al. 2023); both lossless, and
+            block accepts at least as many tokens in expectation. Greedy requests
+            (:attr:`SamplingParams.greedy`) are always verified by argmax.
+
+    Raises:
+        ValueError: On an unknown method or verifier, or an out-of-range number.
+    """
+
+    method: str = "auto"
+    num_speculative_tokens: int | None = None
+    ngram_max: int = 3
+    ngram_min: int = 1
+    verify: str = "block"
+    draft_p_min: float = 0.0
+
+    def __post_init__(self) -> None:
+        methods = method_names()
+        if self.method not in methods:
+            raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(methods)}")
+        if self.num_speculative_tokens is None:
+            object.__setattr__(self, "num_speculative_tokens", default_k(self.method))
+        if not 0 <= self.draft_p_min < 1:
+            raise ValueError(f"draft_p_min must be in [0, 1), got {self.draft_p_min}")
+        verifiers = verifier_names()
+        if self.verify not in verifiers:
+            raise ValueError(f"unknown verify {self.verify!r}; choose one of {', '.join(verifiers)}")
+        k = self.num_speculative_tokens
+        if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"num_speculative_tokens must be in 0..{MAX_SPECULATIVE_TOKENS}, got {k}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
+
+    @property
+    def k(self) -> int:
+        """Draft tokens per step (the cap for adaptive methods); 0 when speculation is off."""
+        return 0 if self.method == PLAIN_METHOD else self.num_speculative_tokens
+
+
+def method_names() -> tuple[str, ...]:
+    """Every ``SpecConfig.method``: the registered proposers, then ``"none"``."""
+    from specdec.proposers import PROPOSERS
+
+    return (*PROPOSERS, PLAIN_METHOD)
+
+
+def default_k(method: str) -> int:
+    """The registered default ``num_speculative_tokens`` of ``method`` (0 for ``"none"``).
+
+    Raises:
+        KeyError: for an unknown method.
+    """
+    from specdec.proposers import PROPOSERS
+
+    return 0 if method == PLAIN_METHOD else PROPOSERS[method].default_k
+
+
+def verifier_names() -> tuple[str, ...]:
+    """The verifiers a sampled request may choose (``SpecConfig.verify``)."""
+    from specdec.verify import VERIFIERS
+
+    return tuple(name for name, v in VERIFIERS.items() if v.sampling)

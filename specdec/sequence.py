@@ -1,0 +1,228 @@
+"""The per-sequence state the speculative step needs, and its small named calls.
+
+A :class:`SequenceState` holds one request's committed context, sampling state, RNG, proposer, verifier
+and KV-cache mirror(s), and counts its statistics. :func:`specdec.step.speculative_step` drives it:
+:meth:`~SequenceState.propose` -> :meth:`~SequenceState.plan` (what the target must score) ->
+:meth:`~SequenceState.target_rows` (after the call) -> the verifier -> :meth:`~SequenceState.commit`.
+Committed tokens go to the request's output stage through the narrow :class:`TokenSink` protocol, which
+answers whether a stop string ended the text.
+
+This module knows token ids, backends (through :class:`~specdec.backends.base.SequenceCache`), proposers
+and verifiers; it knows nothing about text, HTTP, or other sequences.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from specdec.backends.base import SequenceCache
+from specdec.params import SamplingParams
+from specdec.proposers.base import EMPTY_PROPOSAL, Outcome, Proposal, Proposer
+from specdec.sampling import SamplingState, make_rng
+from specdec.stats import GenerationStats
+from specdec.types import ModelInfo
+from specdec.verify import Draft, TargetRows, Verifier, VerifyResult
+
+
+class TokenSink(Protocol):
+    """Where committed generated tokens go (the request's :class:`~specdec.output.Output`)."""
+
+    def add(self, token_id: int, accepted: bool, logits: np.ndarray) -> bool:
+        """Take one token; True when a stop string ended the text."""
+
+
+@dataclass(frozen=True)
+class ScorePlan:
+    """What one sequence asks of this step's target call.
+
+    Attributes:
+        proposal: The proposal being verified.
+        candidates: ``[c]`` the candidates scored (the proposal's, minus alternatives that found no
+            free sequence); one empty candidate on a plain step or the prefill.
+        caches: ``[c]`` the KV mirror scoring each candidate (``caches[0]``: the main one).
+        new: ``[c]`` tokens each cache appends in the call.
+    """
+
+    proposal: Proposal
+    candidates: tuple[Draft, ...]
+    caches: tuple[SequenceCache, ...]
+    new: tuple[list[int], ...]
+
+    def batch(self) -> dict[int, tuple[list[int], int]]:
+        """``seq_id -> (new tokens, n_logits)`` for the backend: ``k_j + 1`` logits per candidate."""
+        return {cache.seq_id: (new, len(c.tokens) + 1) for cache, new, c in zip(self.caches, self.new, self.candidates)}
+
+
+class SequenceState:
+    """One sequence's state for the speculative step.
+
+    Args:
+        model: Vocabulary size, context window and end-of-generation ids of the models.
+        prompt_ids: ``[L] int`` prompt token ids, ``1 <= L < model.n_ctx``.
+        params: Sampling and stopping parameters (``n == 1``).
+        sampling: The sequence's history-dependent processing (built from ``params`` and the prompt).
+        target: The main KV mirror in the target model (owned: :meth:`release` frees it).
+        proposer: The sequence's own proposer (owned), or ``None`` for plain decoding.
+        verifier: The verifier of single-candidate steps (:func:`specdec.verify.select_verifier`).
+        k_max: Most draft tokens per step (0 = plain decoding).
+        sink: Receives committed tokens (the output stage).
+
+    Randomness is owned: the sequence's generator (seeded by ``params.seed``) is consumed only by its own
+    proposer and verifier, so the same seed gives the same tokens alone or in a batch.
+    """
+
+    def __init__(self, model: ModelInfo, prompt_ids: Sequence[int], params: SamplingParams, sampling: SamplingState,
+                 target: SequenceCache, proposer: Proposer | None, verifier: Verifier, k_max: int, sink: TokenSink):
+        self.model = model
+        self.params = params
+        self.sampling = sampling
+        self.target = target
+        self.proposer = proposer
+        self.verifier = verifier
+        self.k_max = k_max if proposer is not None else 0
+        self.sink = sink
+        self.rng = make_rng(params.seed)
+        self.context = list(prompt_ids)  # prompt + committed tokens (an ending end-of-generation token too)
+        self.n_generated = 0
+        self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        self.finish_reason: str | None = None
+        self._aux: list[SequenceCache] = []  # sequences of alternative candidates, during a step
+        self._t0 = time.perf_counter()
+        self._t_first: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        """True once a finish reason is set."""
+        return self.finish_reason is not None
+
+    @property
+    def prefilled(self) -> bool:
+        """True after the first step (the prompt's prefill, a plain step)."""
+        return self._t_first is not None
+
+    # -- 1. propose --------------------------------------------------------------------------------
+    def draft_budget(self) -> int:
+        """Drafts allowed this step: ``k_max``, fewer near ``max_tokens`` and the end of the context (the
+        target cache holds context + drafts, and at most k+1 tokens are committed); 0 on the prefill."""
+        if not self.prefilled:
+            return 0
+        room = min(self.params.max_tokens - self.n_generated, self.model.n_ctx - len(self.context)) - 1
+        return max(0, min(self.k_max, room))
+
+    def propose(self) -> Proposal:
+        """This step's proposal; on the first step the proposer prepares (a draft model prefills)."""
+        assert not self.finished
+        if not self.prefilled and self.proposer is not None:
+            self.proposer.prepare(self.context)
+        k = self.draft_budget()
+        return self.proposer.propose(self.context, k, self.params, self.rng) if k else EMPTY_PROPOSAL
+
+    # -- 2. score ----------------------------------------------------------------------------------
+    def plan(self, proposal: Proposal) -> ScorePlan:
+        """Roll the KV mirrors back and say what the target must score: [last committed token] + drafts
+        for each candidate (the whole prompt on the prefill). An alternative candidate is scored in a
+        sequence that shares the committed prefix (copied KV cells); it is dropped when no sequence is
+        free or the backend cannot copy."""
+        if proposal.empty:
+            return ScorePlan(proposal, (Draft([]),), (self.target,), (self.target.plan(self.context, 1),))
+        candidates, caches = [proposal.candidates[0]], [self.target]
+        for alt in proposal.alternatives:
+            cache = self._alternative_cache()
+            if cache is None:
+                break
+            candidates.append(alt)
+            caches.append(cache)
+        new = tuple(cache.plan(self.context + list(c.tokens), len(c.tokens) + 1) for cache, c in zip(caches, candidates))
+        return ScorePlan(proposal, tuple(candidates), tuple(caches), new)
+
+    def _alternative_cache(self) -> SequenceCache | None:
+        """A sequence holding the committed context but its last token, for one alternative candidate."""
+        backend = self.target.backend
+        if getattr(backend, "free_sequences", 0) < 1:
+            return None
+        cache = SequenceCache(backend)
+        self._aux.append(cache)
+        n = min(len(self.context) - 1, len(self.target.tokens))
+        if not cache.fork(self.target, n):
+            return None
+        return cache
+
+    def target_rows(self, plan: ScorePlan, logits: dict[int, np.ndarray]) -> list[TargetRows]:
+        """Record what the call evaluated and wrap each candidate's ``[k_j+1, V]`` logits (padding rows
+        sliced off) for the verifier."""
+        for cache, new in zip(plan.caches, plan.new):
+            cache.commit(new)
+        v = self.model.vocab_size
+        return [TargetRows(logits[cache.seq_id][:, :v], c.tokens, self.sampling)
+                for cache, c in zip(plan.caches, plan.candidates)]
+
+    # -- 4. commit ---------------------------------------------------------------------------------
+    def commit(self, plan: ScorePlan, result: VerifyResult, rows: Sequence[TargetRows]) -> Outcome:
+        """Commit the verified block: accepted drafts of the chosen candidate, then the recovered or bonus
+        token; stop at an end-of-generation token, a stop string, ``max_tokens`` or the context's end.
+
+        Returns:
+            What the proposal earned (handed to the proposer and the cost model).
+        """
+        j = result.candidate
+        drafts = plan.candidates[j].tokens
+        if j:  # the accepted path lives in an alternative's sequence: it becomes the main one
+            self._aux[self._aux.index(plan.caches[j])] = self.target
+            self.target = plan.caches[j]
+        self._release_aux()
+        block = result.tokens(drafts)
+        kept = 0
+        for i, tok in enumerate(block):
+            kept += 1
+            self.context.append(tok)
+            if tok in self.model.eog_ids:
+                self._finish("stop")
+                break
+            self.n_generated += 1
+            self.sampling.extend((tok,))
+            if self.sink.add(tok, i < result.num_accepted, rows[j].logits[i]):
+                self._finish("stop")
+            elif self.n_generated >= self.params.max_tokens or len(self.context) >= self.model.n_ctx:
+                self._finish("length")
+            if self.finished:
+                break
+        self.stats.record_step(len(drafts), result.num_accepted, kept)
+        if self._t_first is None:
+            self._t_first = time.perf_counter()
+        outcome = Outcome(plan.proposal, j, len(drafts), result.num_accepted, len(self.context))
+        if self.proposer is not None and not plan.proposal.empty:
+            self.proposer.observe(outcome)
+        if self.finished:
+            self._close_stats()
+        return outcome
+
+    def _finish(self, reason: str) -> None:
+        self.finish_reason = reason
+
+    def _close_stats(self) -> None:
+        now = time.perf_counter()
+        report = getattr(self.proposer, "report", None)  # adaptive proposers: predictions, choices
+        if report is not None:
+            self.stats.adaptive = report()
+        self.stats.new_tokens = self.n_generated
+        self.stats.prefill_seconds = self._t_first - self._t0
+        self.stats.decode_seconds = now - self._t_first
+
+    def _release_aux(self) -> None:
+        for cache in self._aux:
+            cache.free()
+        self._aux = []
+
+    def release(self) -> None:
+        """Free the sequence's KV sequences and its proposer's; safe to call twice."""
+        self._release_aux()
+        if self.target is not None:
+            self.target.free()
+            self.target = None  # type: ignore[assignment]
+        if self.proposer is not None:
+            self.proposer.close()
+            self.proposer = None

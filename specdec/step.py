@@ -1,0 +1,145 @@
+"""THE speculative step: propose -> score [last token] + drafts in ONE target call -> verify -> commit.
+
+For a list of running sequences (one request alone, or a scheduler's whole batch):
+
+1. **propose**: each sequence's proposer drafts ``k`` tokens (one or more candidate continuations; none
+   on a plain step or the prompt's prefill);
+2. **score**: the target evaluates [last committed token] + drafts of every candidate of every sequence
+   in ONE backend call, giving ``[k+1, V]`` logits per candidate;
+3. **verify**: the sequence's verifier (greedy, speculative sampling, block, or the tree verifier for
+   several candidates) accepts a prefix of a candidate and adds the recovered or bonus token
+   (Leviathan et al. 2023, arXiv 2211.17192, Algorithm 1; Chen et al. 2023, arXiv 2302.01318);
+4. **commit**: 1..k+1 tokens are committed, the stop conditions applied, and the proposer told what
+   its proposal earned.
+
+The step returns a :class:`StepReport` (the target call's size and seconds, every proposal's outcome,
+which sequences failed) and hands it to the cost model when given one. One sequence's failure
+(a bad proposal, a failed evaluation, a verifier error) fails that sequence alone: the others' step
+goes on. Nobody but this function writes the propose/score/verify/commit sequence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from specdec.backends.base import Backend
+from specdec.proposers.base import Outcome
+from specdec.sequence import ScorePlan, SequenceState
+from specdec.verify import multi_candidate_verifier
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TargetCall:
+    """What one target call cost.
+
+    Attributes:
+        n_tokens: Tokens evaluated in the call, all sequences together.
+        n_sequences: Sequences in the call (``n_candidates`` counts alternatives too).
+        n_candidates: KV sequences the call appended to.
+        seconds: Wall time of the call plus verification and commit, seconds.
+        greedy: True when every sequence in it decodes greedily (selects the cost model's table).
+    """
+
+    n_tokens: int
+    n_sequences: int
+    n_candidates: int
+    seconds: float
+    greedy: bool
+
+
+@dataclass
+class StepReport:
+    """What a step did.
+
+    Attributes:
+        outcomes: One per sequence that committed: what its proposal earned.
+        failed: ``sequence -> exception`` for sequences whose step failed (they committed nothing).
+        call: The joint target call, or None when there was none (nothing to score, or it failed and
+            sequences were scored one by one).
+    """
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    failed: dict[SequenceState, Exception] = field(default_factory=dict)
+    call: TargetCall | None = None
+
+    @contextlib.contextmanager
+    def isolate(self, seq: SequenceState) -> Iterator[None]:
+        """Record an exception raised for ``seq`` as its failure instead of failing the step."""
+        try:
+            yield
+        except Exception as e:
+            log.debug("sequence failed in the step: %s", e)
+            self.failed[seq] = e
+
+    def raise_failure(self) -> None:
+        """Raise the first failure (for a caller stepping one sequence)."""
+        for e in self.failed.values():
+            raise e
+
+
+def speculative_step(target: Backend, seqs: Sequence[SequenceState], cost=None) -> StepReport:
+    """One speculative step for every sequence in ``seqs`` (unfinished, each in its own KV sequence).
+
+    Args:
+        target: The target model's backend.
+        seqs: The running sequences.
+        cost: A :class:`~specdec.adaptive.CostModel` to learn from the report, or None.
+
+    Returns:
+        The step's report; finished sequences have ``finish_reason`` set.
+    """
+    report = StepReport()
+    plans: dict[SequenceState, ScorePlan] = {}
+    for seq in seqs:  # 1. propose, and plan what the target scores
+        with report.isolate(seq):
+            plans[seq] = seq.plan(seq.propose())
+
+    t0 = time.perf_counter()  # 2. score every candidate of every sequence in one call
+    logits = _score(target, plans, report)
+
+    for seq, plan in plans.items():  # 3. verify, 4. commit
+        if seq not in logits:
+            continue
+        with report.isolate(seq):
+            rows = seq.target_rows(plan, logits[seq])
+            verifier = seq.verifier if len(rows) == 1 else multi_candidate_verifier()
+            result = verifier(plan.candidates, rows, seq.rng)
+            report.outcomes.append(seq.commit(plan, result, rows))
+
+    if len(logits) == len(plans) and plans and not report.failed:
+        report.call = TargetCall(
+            n_tokens=sum(len(new) for p in plans.values() for new in p.new), n_sequences=len(plans),
+            n_candidates=sum(len(p.caches) for p in plans.values()), seconds=time.perf_counter() - t0,
+            greedy=all(seq.params.greedy for seq in plans))
+    if cost is not None:
+        cost.observe_step(report)
+    return report
+
+
+def _score(target: Backend, plans: dict[SequenceState, ScorePlan],
+           report: StepReport) -> dict[SequenceState, dict[int, np.ndarray]]:
+    """Evaluate every plan in one backend call; if that fails (the backend rolled every sequence back),
+    evaluate each sequence alone, so that one bad sequence fails alone."""
+    batch = {seq_id: item for plan in plans.values() for seq_id, item in plan.batch().items()}
+    if not batch:
+        return {}
+    try:
+        out = target.eval(batch)
+        return {seq: {s: out[s] for s in plan.batch()} for seq, plan in plans.items()}
+    except Exception as e:
+        if len(plans) == 1:
+            report.failed[next(iter(plans))] = e
+            return {}
+    logits = {}
+    for seq, plan in plans.items():
+        with report.isolate(seq):
+            logits[seq] = target.eval(plan.batch())
+    return logits
