@@ -32,7 +32,8 @@ whatever the split (four sequences of one token cost about one sequence of four)
 steps are the same table's small sizes. The batch composition is in the report for a batch-aware policy.
 
 This module knows numbers only: no models, tokens or arrays of logits. Nothing writes the cost model but
-:meth:`CostModel.observe_step`; proposers only read it.
+:meth:`CostModel.observe_step`; proposers only read it. (Past 300 lines on purpose: the timing table, the
+acceptance estimator and the choice are one model, each part meaningless without the others.)
 """
 
 from __future__ import annotations

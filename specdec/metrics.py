@@ -15,6 +15,9 @@ from __future__ import annotations
 from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from specdec.stats import mean_accepted_length
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
                    20.0, 40.0, 80.0)
@@ -27,10 +30,15 @@ class ServerMetrics:
     Args:
         num_waiting: Returns the number of requests waiting for a slot (read at scrape time).
         num_running: Returns the number of requests in the running batch.
+        cost: The engine's :class:`~specdec.adaptive.CostModel`, whose target-call timings are exported at
+            scrape time (``specdec_target_call_seconds``), or None.
     """
 
-    def __init__(self, num_waiting: Callable[[], int] = lambda: 0, num_running: Callable[[], int] = lambda: 0):
+    def __init__(self, num_waiting: Callable[[], int] = lambda: 0, num_running: Callable[[], int] = lambda: 0,
+                 cost=None):
         r = self.registry = CollectorRegistry()
+        if cost is not None:
+            r.register(_CostCollector(cost))
         self.requests = Counter(
             "specdec_requests", "Requests that ended, by finish_reason: stop (end-of-generation token or stop "
             "string), length (max_tokens or the context reached), cancelled (client gone, while waiting or "
@@ -89,7 +97,7 @@ class ServerMetrics:
 
     def _mean_accepted_length(self) -> float:
         calls, committed = self._totals
-        return committed / calls if calls else float("nan")
+        return mean_accepted_length(committed, calls)
 
     def request_started(self, job) -> None:
         """A job entered the running batch."""
@@ -138,3 +146,22 @@ class ServerMetrics:
     def render(self) -> bytes:
         """The metrics in Prometheus' text exposition format."""
         return generate_latest(self.registry)
+
+
+class _CostCollector:
+    """Exports the cost model's ``S(n)`` at scrape time."""
+
+    def __init__(self, cost):
+        self.cost = cost
+
+    def collect(self):
+        g = GaugeMetricFamily(
+            "specdec_target_call_seconds", "The cost model's S(n): smoothed wall seconds of one target call that "
+            "scores n tokens in all (every sequence of a batched call counted, verification included), by "
+            "decoding mode; what method auto weighs drafts against. Measured sizes only.",
+            labels=["tokens", "mode"])
+        for greedy, table in self.cost.target.items():
+            snap = table.snapshot()
+            for n, seconds in snap["S"].items():
+                g.add_metric([str(n), "greedy" if greedy else "sampling"], seconds)
+        yield g

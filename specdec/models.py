@@ -10,7 +10,9 @@ verified: bytes stream into a ``.partial`` file beside it, whose size and sha256
 atomic ``os.replace``. A ``.sha256`` sidecar, written after verification, spares hashing 1 GB again on
 every start. A lock file keeps two processes from downloading the same model at once.
 
-This module knows files, packages and hashes; it knows nothing about GGUF contents or llama.cpp.
+This module knows files, packages and hashes (and the GGUF magic bytes: :func:`check_gguf`, the one
+GGUF check); it knows nothing about GGUF contents or llama.cpp. (Past 300 lines on purpose: fetching,
+verifying and placing a file atomically is one procedure whose failure paths belong together.)
 """
 
 from __future__ import annotations

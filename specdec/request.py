@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 from typing import Sequence
 
-from specdec.backends.base import Backend, SequenceCache
+from specdec.backends.base import Backend
+from specdec.backends.cache import SequenceCache
 from specdec.output import Output, StreamChunk
 from specdec.params import SamplingParams, SpecConfig
 from specdec.proposers.base import PROPOSERS, Proposer, ProposerContext

@@ -19,7 +19,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from specdec.backends.base import SequenceCache
+from specdec.backends.cache import SequenceCache
 from specdec.params import SamplingParams
 from specdec.proposers.base import EMPTY_PROPOSAL, Outcome, Proposal, Proposer
 from specdec.sampling import SamplingState, make_rng

@@ -63,7 +63,7 @@ class StepReport:
         outcomes: One per sequence that committed: what its proposal earned.
         failed: ``sequence -> exception`` for sequences whose step failed (they committed nothing).
         call: The joint target call, or None when there was none (nothing to score, or it failed and
-            sequences were scored one by one).
+            sequences were scored one by one). Sequences that failed before it are not in it.
     """
 
     outcomes: list[Outcome] = field(default_factory=list)
@@ -103,7 +103,7 @@ def speculative_step(target: Backend, seqs: Sequence[SequenceState], cost=None) 
             plans[seq] = seq.plan(seq.propose())
 
     t0 = time.perf_counter()  # 2. score every candidate of every sequence in one call
-    logits = _score(target, plans, report)
+    logits, joint = _score(target, plans, report)
 
     for seq, plan in plans.items():  # 3. verify, 4. commit
         if seq not in logits:
@@ -114,7 +114,7 @@ def speculative_step(target: Backend, seqs: Sequence[SequenceState], cost=None) 
             result = verifier(plan.candidates, rows, seq.rng)
             report.outcomes.append(seq.commit(plan, result, rows))
 
-    if len(logits) == len(plans) and plans and not report.failed:
+    if joint:
         report.call = TargetCall(
             n_tokens=sum(len(new) for p in plans.values() for new in p.new), n_sequences=len(plans),
             n_candidates=sum(len(p.caches) for p in plans.values()), seconds=time.perf_counter() - t0,
@@ -125,21 +125,25 @@ def speculative_step(target: Backend, seqs: Sequence[SequenceState], cost=None) 
 
 
 def _score(target: Backend, plans: dict[SequenceState, ScorePlan],
-           report: StepReport) -> dict[SequenceState, dict[int, np.ndarray]]:
+           report: StepReport) -> tuple[dict[SequenceState, dict[int, np.ndarray]], bool]:
     """Evaluate every plan in one backend call; if that fails (the backend rolled every sequence back),
-    evaluate each sequence alone, so that one bad sequence fails alone."""
+    evaluate each sequence alone, so that one bad sequence fails alone.
+
+    Returns:
+        ``(logits by sequence, whether one joint call served them all)``.
+    """
     batch = {seq_id: item for plan in plans.values() for seq_id, item in plan.batch().items()}
     if not batch:
-        return {}
+        return {}, False
     try:
         out = target.eval(batch)
-        return {seq: {s: out[s] for s in plan.batch()} for seq, plan in plans.items()}
+        return {seq: {s: out[s] for s in plan.batch()} for seq, plan in plans.items()}, True
     except Exception as e:
         if len(plans) == 1:
             report.failed[next(iter(plans))] = e
-            return {}
+            return {}, False
     logits = {}
     for seq, plan in plans.items():
         with report.isolate(seq):
             logits[seq] = target.eval(plan.batch())
-    return logits
+    return logits, False

@@ -11,14 +11,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_ngram import find_ngram_continuation
 
 from specdec.adaptive import AcceptanceStats, CostModel, TimingTable, expected_tokens
-from specdec.backends.base import SequenceCache
+from specdec.backends.cache import SequenceCache
 from specdec.engine import Engine
 from specdec.proposers import EMPTY_PROPOSAL, DraftModelProposer, HybridProposer, NgramProposer, Outcome
 from specdec.proposers.hybrid import DRAFT_MARGIN as HybridDraftMargin
 from specdec.proposers.hybrid import ProbeSchedule
-from specdec.proposers.ngram import NgramIndex, find_ngram_continuation
+from specdec.proposers.ngram import NgramIndex
 from specdec.params import SamplingParams, SpecConfig, default_k
 from specdec.step import StepReport
 

@@ -416,7 +416,8 @@ def test_hf_peer_benchmark_smoke(tmp_path, hf_tiny_target, hf_tiny_draft, capsys
     all methods equal transformers' plain greedy output, and the table has a row per category."""
     import json
 
-    from specdec.bench.hf_peer import load_prompts, parse_spec
+    from specdec.bench.hf_peer import parse_spec
+    from specdec.bench.prompts import SPEC_BENCH_CATEGORIES, interleave, load_prompts
 
     for name, backend in (("target", hf_tiny_target), ("draft", hf_tiny_draft)):
         backend.model.save_pretrained(tmp_path / name)
@@ -426,7 +427,8 @@ def test_hf_peer_benchmark_smoke(tmp_path, hf_tiny_target, hf_tiny_draft, capsys
     rows = [(81, "writing"), (161, "translation"), (241, "summarization"), (242, "summarization")]
     questions.write_text("".join(json.dumps({"question_id": q, "category": c, "turns": [f"Say {q} the cat sat.", "x"]})
                                  + "\n" for q, c in rows))
-    assert [c for c, _ in load_prompts(questions, 2)] == ["mt_bench", "translation", "summarization", "summarization"]
+    picked = interleave(load_prompts(tmp_path / "data", 2, SPEC_BENCH_CATEGORIES))  # the one Spec-Bench loader
+    assert [p.category for p in picked] == ["mt_bench", "translation", "summarization", "summarization"]
     assert parse_spec("draft:k=6,draft_p_min=0.3")[1].num_speculative_tokens == 6
     with pytest.raises(ValueError, match="unknown SpecConfig field"):
         parse_spec("draft:bogus=1")

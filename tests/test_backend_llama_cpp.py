@@ -5,8 +5,10 @@ import pytest
 from conftest import TINY_N_CTX, TINY_N_SEQ_MAX, tiny_backend
 from tiny_gguf import write_tiny_qwen2_gguf
 
-from specdec.backends.base import Backend, BackendError, SequenceCache
-from specdec.backends.llama_cpp import LlamaCppBackend, physical_cores
+from specdec.backends.base import Backend, BackendError
+from specdec.backends.cache import SequenceCache
+from specdec.backends.cpu import physical_cores
+from specdec.backends.llama_cpp import LlamaCppBackend
 
 ATOL = 1e-3
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "héllo wörld ✓ 日本", "  tabs\tand\nnewlines  ", ""]
@@ -247,5 +249,12 @@ def test_sequence_cache_after_rejection_equals_fresh(tiny_target):
 
 def test_close_is_idempotent(tiny_target_path):
     b = tiny_backend(tiny_target_path)
+    seq = b.new_sequence()
+    b.eval({seq: ([1, 2, 3], 1)})
     b.close()
-    b.close()
+    b.close()  # a second close is a no-op
+    assert b.closed and b.sequences == ()
+    with pytest.raises(BackendError, match="closed"):  # a clear error, never a call into freed memory
+        b.new_sequence()
+    with pytest.raises(BackendError, match="closed"):
+        b.eval({seq: ([4], 1)})

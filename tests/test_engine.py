@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from specdec.engine import Engine
-from specdec.backends.base import SequenceCache
+from specdec.backends.cache import SequenceCache
 from specdec.proposers import DraftModelProposer, Proposal
 from specdec.params import SamplingParams, SpecConfig
 

@@ -118,7 +118,7 @@ def test_lossless_matrix(table_pair, name, k, method, verify):
 def backend_pair(target, draft):
     """``(engine, prompt, logits_after)`` for a pair of real backends; the exact distribution's logits
     are the target's own, scored on a fresh sequence for each prefix."""
-    from specdec.backends.base import SequenceCache
+    from specdec.backends.cache import SequenceCache
 
     engine = Engine(target, draft, SpecConfig(method="draft"))
 

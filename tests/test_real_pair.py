@@ -44,7 +44,7 @@ def engine():
 
 def confident_prefix(engine, prompt_ids, tokens):
     """Index of the first generated position whose top-2 logit gap is below GAP (len if none)."""
-    from specdec.backends.base import SequenceCache
+    from specdec.backends.cache import SequenceCache
 
     seq = SequenceCache(engine.target)
     try:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference_sampling import reference_logits, reference_probs
 
-from specdec.backends.base import SequenceCache
+from specdec.backends.cache import SequenceCache
 from specdec.engine import Engine
 from specdec.proposers import DraftModelProposer
 from specdec.sampling import SamplingState, probs_from_logits
@@ -213,7 +213,7 @@ def test_logprobs_are_the_targets_and_equal_plain_decoding(tiny_target, greedy):
     """Logprobs of accepted drafts come from the target's rows: they equal a plain scoring of the same
     tokens (the raw distribution, before temperature and penalties). Self-speculation (draft = target)
     so that most drafts are accepted."""
-    from specdec.backends.base import SequenceCache
+    from specdec.backends.cache import SequenceCache
 
     eng = Engine(tiny_target, tiny_target, SpecConfig(method="draft", num_speculative_tokens=4))
     prompt = eng.encode_prompt("The quick brown fox jumps over the lazy dog. The quick brown")

@@ -193,3 +193,33 @@ def test_metrics_count_what_was_delivered(engine):
     assert get("specdec_time_to_first_token_seconds_count") == sum(1 for r in out if r.token_ids)
     assert get("specdec_inter_token_latency_seconds_count") == sum(max(0, len(r.token_ids) - 1) for r in out)
     assert get("specdec_num_requests_running") == 0
+
+
+def test_auto_learns_call_costs_under_batching(tiny_target_path, tiny_draft_path):
+    """Every batched call feeds the cost model, keyed by its total tokens (auto learned only from lone
+    requests before), and /metrics exports what it learned."""
+    engine = tiny_engine(tiny_target_path, tiny_draft_path)
+    batched = []
+    observe = engine.cost.observe_step
+
+    def record(report):
+        if report.call is not None and report.call.n_sequences > 1:
+            batched.append(report.call.n_tokens)
+        observe(report)
+
+    engine.cost.observe_step = record
+    sched = Scheduler(engine, max_running=4)
+    sched.metrics = ServerMetrics(cost=engine.cost)
+    prompts = [engine.encode_prompt(p) for p in PROMPTS[:4]]
+    try:
+        run_concurrently(lambda i: collect(sched.stream(prompts[i], GREEDY, SpecConfig(method="auto"))), 4)
+    finally:
+        sched.close()
+    counts = engine.cost.target[True].count
+    sizes = [n for n in batched if n <= 65]
+    assert len(sizes) >= 5, "requests shared target calls"
+    assert all(counts[n] > 0 for n in sizes)  # each batched call was learned, by its total tokens
+    n = int(counts.nonzero()[0].max())
+    exported = sched.metrics.registry.get_sample_value("specdec_target_call_seconds",
+                                                       {"tokens": str(n), "mode": "greedy"})
+    assert exported == pytest.approx(engine.cost.target[True].mean[n])

@@ -120,16 +120,21 @@ def test_monte_carlo_first_token_chi_square(k, point_mass):
 
 
 def test_monte_carlo_test_has_power():
-    """Accepting every draft (a wrong verifier) is caught by the same chi-square test."""
+    """The chi-square test that passes verify_speculative catches a lossy use of it: verifying against
+    the draft's own distribution (q in place of p) accepts every draft, so the first token follows q."""
     rng = np.random.default_rng(3)
-    v = 6
+    v, n = 6, 20000
     p = random_dist(rng, v)
     q = random_dist(rng, v)
-    n = 20000
-    wrong = rng.choice(v, size=n, p=q)  # what 'always accept' emits first
-    counts = np.bincount(wrong, minlength=v)
-    _, pval = stats.chisquare(counts, n * p)
-    assert pval < ALPHA
+    right, wrong = np.zeros(v), np.zeros(v)
+    for _ in range(n):
+        x = int(rng.choice(v, p=q))
+        right[verify_speculative([x], q[None], np.stack([p, p]), rng).tokens([x])[0]] += 1
+        res = verify_speculative([x], q[None], np.stack([q, p]), rng)
+        assert res.num_accepted == 1  # p(x)/q(x) = 1 with q in p's place: always accepted
+        wrong[res.tokens([x])[0]] += 1
+    assert stats.chisquare(right, n * p)[1] > ALPHA
+    assert stats.chisquare(wrong, n * p)[1] < ALPHA
 
 
 def test_monte_carlo_block_joint_chi_square():

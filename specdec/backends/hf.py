@@ -235,7 +235,7 @@ class HFBackend(SequenceBook):
     def close(self) -> None:
         """Drop every sequence's cache (the model itself is freed with the last reference)."""
         self._caches.clear()
-        self._init_book()
+        self._close_book()
 
     def __repr__(self) -> str:
         return f"HFBackend({self.name!r}, device={self.device}, n_ctx={self.n_ctx}, n_seq_max={self.n_seq_max})"

@@ -266,8 +266,9 @@ class LlamaCppBackend(SequenceBook):
     # -- lifetime ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Free the batch, the context and the model; idempotent."""
-        self.retained = []
+        """Free the batch, the context and the model; idempotent. Later calls raise BackendError."""
+        if hasattr(self, "_lengths"):
+            self._close_book()
         if getattr(self, "_batch_live", False):
             lc.llama_batch_free(self._batch)
             self._batch_live = False

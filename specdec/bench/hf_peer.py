@@ -21,7 +21,8 @@ and the peers run once.
 Methods run interleaved per prompt, in an order rotated from prompt to prompt, so machine noise hits all
 alike; only ratios measured in this one run are meaningful.
 
-Prompts: the first ``--per-category`` questions of each Spec-Bench category (first turn, rendered with
+Prompts: ``--per-category`` questions of each Spec-Bench category, as ``specdec bench`` picks them
+(:func:`specdec.bench.prompts.load_prompts`, categories interleaved; first turn, rendered with
 the chat template). Tokens/s counts new tokens over the wall time of the whole call, prefill included.
 
 Run: ``python -m specdec.bench.hf_peer --per-category 5 --max-tokens 128 --threads 2 --out hf-peer.json``.
@@ -39,33 +40,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-SPEC_BENCH = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "spec_bench" / "question.jsonl"
-"""Spec-Bench questions, relative to the project root (``../shared/data``)."""
-
-
-def spec_bench_category(question_id: int, category: str) -> str:
-    """Spec-Bench's six task names: ids 81-160 are MT-bench (multi-turn conversation), the rest carry theirs."""
-    return "mt_bench" if 81 <= question_id <= 160 else category
-
-
-def load_prompts(path: Path, per_category: int) -> list[tuple[str, str]]:
-    """``[(category, first turn)]``: the first ``per_category`` questions of each category, categories
-    interleaved (one of each, then the second of each, ...).
-
-    Raises:
-        ValueError: when the file is missing.
-    """
-    if not path.is_file():
-        raise ValueError(f"Spec-Bench questions not found at {path}; pass --questions PATH")
-    by_cat: dict[str, list[str]] = defaultdict(list)
-    for line in path.read_text().splitlines():
-        q = json.loads(line)
-        by_cat[spec_bench_category(q["question_id"], q["category"])].append(q["turns"][0])
-    out = []
-    for i in range(per_category):
-        out += [(cat, qs[i]) for cat, qs in by_cat.items() if i < len(qs)]
-    return out
-
+from specdec.bench.prompts import SPEC_BENCH_CATEGORIES, interleave, load_prompts
 
 def parse_spec(text: str):
     """``"draft:k=8,draft_p_min=0.4"`` -> ``(label, SpecConfig)``; ``k`` abbreviates
@@ -166,7 +141,8 @@ def run_bench(args: argparse.Namespace) -> dict:
     for t, d in {(id(t), id(d)): (t, d) for _, t, d, _ in peers + [("", target.model, draft.model, ())]}.values():
         t.register_forward_pre_hook(counter("target"), with_kwargs=True)
         d.register_forward_pre_hook(counter("draft"), with_kwargs=True)
-    prompts = load_prompts(Path(args.questions), args.per_category)
+    prompts = [(p.category, p.text) for p in
+               interleave(load_prompts(args.data, args.per_category, SPEC_BENCH_CATEGORIES))]
     warm = target.tokenize(target.apply_chat_template([{"role": "user", "content": "Say hi."}]), special=True)
     for run in methods_for(warm).values():  # first-call costs (allocator, lazy inits) out of the timings
         run()
@@ -249,7 +225,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of this benchmark (for ``python -m specdec.bench.hf_peer`` or a ``specdec bench`` subcommand)."""
     p.add_argument("--target", help="target: known name, GGUF, HF folder or hub name (default: the default target)")
     p.add_argument("--draft", help="draft model, likewise (default: the default draft)")
-    p.add_argument("--questions", default=str(SPEC_BENCH), help="Spec-Bench question.jsonl")
+    p.add_argument("--data", default=None, help="folder with spec_bench/question.jsonl (default ../shared/data)")
     p.add_argument("--per-category", type=int, default=5, help="prompts per Spec-Bench category (default 5)")
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per generation (default 128)")
     p.add_argument("-k", type=int, default=4, help="specdec draft/ngram tokens per step (default 4)")

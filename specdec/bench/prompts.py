@@ -98,3 +98,14 @@ def load_prompts(data_dir: str | Path | None = None, per_category: int = 5,
                 out.append(BenchPrompt(cat, p["task_id"], text))
     order = {c: i for i, c in enumerate(categories)}
     return sorted(out, key=lambda p: order[p.category])
+
+
+def interleave(prompts: list[BenchPrompt]) -> list[BenchPrompt]:
+    """The same prompts with categories interleaved: the first of each category, then the second, ..."""
+    by_cat: dict[str, list[BenchPrompt]] = {}
+    for p in prompts:
+        by_cat.setdefault(p.category, []).append(p)
+    out = []
+    for i in range(max((len(v) for v in by_cat.values()), default=0)):
+        out += [v[i] for v in by_cat.values() if i < len(v)]
+    return out

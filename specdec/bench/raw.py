@@ -18,7 +18,10 @@ from typing import Sequence
 
 import llama_cpp as lc
 
-from specdec.backends.llama_cpp import _init_llama, check_gguf, physical_cores
+from specdec.backends.cpu import physical_cores
+from specdec.backends.llama_cpp import _init_llama
+from specdec.models import check_gguf
+from specdec.params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -76,10 +79,10 @@ class RawLlamaLoop:
 
     def generate(self, prompt_ids: Sequence[int], max_tokens: int, temperature: float = 0.0,
                  seed: int = 0) -> RawResult:
-        """Decode greedily (``temperature == 0``) or by sampling, until an end-of-generation token or
-        ``max_tokens`` new tokens."""
+        """Decode greedily (``SamplingParams.greedy``'s rule) or by sampling, until an end-of-generation
+        token or ``max_tokens`` new tokens."""
         chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
-        if temperature > 0:
+        if not SamplingParams(temperature=temperature).greedy:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(temperature))
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_dist(seed))
         else:

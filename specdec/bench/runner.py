@@ -238,7 +238,7 @@ def run_bench(cfg: BenchConfig) -> dict:
                     "load_start": load_start, "load_end": os.getloadavg(), "time": time.strftime("%Y-%m-%d %H:%M:%S")},
         "models": {"target": str(runner.target_path), "draft": str(runner.draft_path)},
         "notes": notes,
-        "cost_model": report.cost_snapshot(runner.engine.cost, cfg.temperature == 0),
+        "cost_model": report.cost_snapshot(runner.engine.cost, SamplingParams(temperature=cfg.temperature).greedy),
         "runs": runs,
     }
     (out / "bench.json").write_text(json.dumps(report.json_safe(doc), indent=1))  # kept if the report fails

@@ -24,7 +24,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from specdec.backends.base import SequenceCache
+from specdec.backends.cache import SequenceCache
 from specdec.check.statistics import EOG, CellTable, Fit, NextDist, exact_cells, goodness_of_fit
 from specdec.params import SamplingParams, SpecConfig
 from specdec.proposers import PROPOSERS

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specdec.backends.base import SequenceCache
+from specdec.backends.cache import SequenceCache
 from specdec.params import SamplingParams, SpecConfig
 from specdec.proposers.base import EMPTY_PROPOSAL, DraftCost, Outcome, Proposal, ProposerContext, register
 from specdec.sampling import SamplingState, sample

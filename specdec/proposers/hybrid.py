@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from specdec.adaptive import AcceptanceStats, Choice, CostModel, expected_tokens
-from specdec.backends.base import SequenceCache
+from specdec.backends.cache import SequenceCache
 from specdec.params import SamplingParams, SpecConfig
 from specdec.proposers.base import EMPTY_PROPOSAL, Outcome, Proposal, ProposerContext, register
 from specdec.proposers.draft_model import DraftModelProposer

@@ -3,8 +3,8 @@
 Matches the last ``n`` tokens of the context, ``n`` from ``ngram_max`` down to ``ngram_min``,
 anywhere earlier in prompt + output, newest match first, and proposes up to ``k`` tokens that followed
 the match. :class:`NgramIndex` keeps the newest occurrence of every n-gram up to date as the context
-grows, so a step costs O(new tokens), not a scan of the whole context (:func:`find_ngram_continuation`,
-the reference it agrees with). The proposal is a point mass (``probs=None``): the verifier accepts draft
+grows, so a step costs O(new tokens), not a scan of the whole context (the tests check it against a
+full scan). The proposal is a point mass (``probs=None``): the verifier accepts draft
 token x with probability p(x). It costs no model call, so proposing nothing simply falls back to a plain
 step.
 """
@@ -14,34 +14,9 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from specdec.params import SamplingParams, SpecConfig
 from specdec.proposers.base import EMPTY_PROPOSAL, Outcome, Proposal, ProposerContext, register
-
-
-def find_ngram_continuation(context: np.ndarray, k: int, ngram_max: int, ngram_min: int) -> list[int]:
-    """The up-to-``k`` tokens that followed the newest earlier occurrence of the context's suffix.
-
-    Args:
-        context: ``[L] int64`` token ids.
-        k: Most tokens to return.
-        ngram_max: Longest suffix tried first.
-        ngram_min: Shortest suffix tried.
-
-    Returns:
-        Draft token ids (possibly empty).
-    """
-    n_ctx = len(context)
-    for n in range(min(ngram_max, n_ctx - 1), ngram_min - 1, -1):
-        suffix = context[n_ctx - n :]
-        # windows starting at 0..L-n-1: each has at least one token after it
-        windows = sliding_window_view(context[:-1], n)
-        hits = np.flatnonzero((windows == suffix).all(axis=1))
-        if len(hits):
-            start = int(hits[-1]) + n
-            return context[start : start + k].tolist()
-    return []
 
 
 class NgramIndex:

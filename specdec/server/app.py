@@ -29,8 +29,8 @@ from specdec.scheduler import Scheduler
 from specdec.server import logprobs, serving
 from specdec.server.errors import APIError, LimitsMiddleware, error_body, install_error_handlers
 from specdec.server.protocol import (
-    ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse, ErrorResponse,
-    ModelCard, ModelList,
+    ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, CompletionChunk,
+    CompletionChunkChoice, CompletionRequest, CompletionResponse, Delta, ErrorResponse, ModelCard, ModelList,
 )
 
 
@@ -79,7 +79,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         scheduler = Scheduler(engine, config.max_running, config.max_waiting)
-        metrics = ServerMetrics(lambda: scheduler.num_waiting, lambda: scheduler.num_running)
+        metrics = ServerMetrics(lambda: scheduler.num_waiting, lambda: scheduler.num_running, engine.cost)
         scheduler.metrics = metrics
         state.update(scheduler=scheduler, metrics=metrics)
         yield
@@ -134,22 +134,21 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         kwargs, spec = admit(req)
         prompts = await asyncio.to_thread(serving.tokenize_completion_prompts, engine, req.prompt)
         choices = await start(req, prompts, kwargs, spec, default_max=16)
-        head = {"id": f"cmpl-{secrets.token_hex(12)}", "object": "text_completion", "created": int(time.time()),
-                "model": config.model_name}
+        head = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": config.model_name}
         offsets = [logprobs.TextOffsets() for _ in choices.jobs]
 
-        def choice(i: int, text: str, lps, finish: str | None) -> dict:
+        def choice(i: int, text: str, lps, finish: str | None) -> CompletionChunkChoice:
             lp = logprobs.completion_logprobs(engine, lps, offsets[i])
-            return {"index": i, "text": text, "logprobs": lp, "finish_reason": finish}
+            return CompletionChunkChoice(index=i, text=text, logprobs=lp, finish_reason=finish)
 
         if req.stream:
-            return _sse(_stream(choices, req, head, prompts, spec,
+            return _sse(_stream(choices, req, lambda **kw: CompletionChunk(**head, **kw), prompts, spec,
                                 content=lambda i, ev: choice(i, ev.text, ev.logprobs, None),
                                 final=lambda i, reason: choice(i, "", None, reason), first=None))
         results = await _collect(choices, raw)
         return CompletionResponse(
             **head, usage=serving.usage(prompts, results), speculative=serving.speculative_stats(spec, results),
-            choices=[choice(i, r.text, r.logprobs, r.finish_reason) for i, r in enumerate(results)],
+            choices=[choice(i, r.text, r.logprobs, r.finish_reason).model_dump() for i, r in enumerate(results)],
         )
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS)
@@ -157,20 +156,19 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         kwargs, spec = admit(req)
         prompts = [await asyncio.to_thread(serving.tokenize_chat, engine, req.messages)]
         choices = await start(req, prompts, kwargs, spec, default_max=None)
-        head = {"id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion.chunk",
-                "created": int(time.time()), "model": config.model_name}
+        head = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": config.model_name}
 
-        def delta(i: int, d: dict, lps=None, finish: str | None = None) -> dict:
-            return {"index": i, "delta": d, "logprobs": logprobs.chat_logprobs(engine, lps), "finish_reason": finish}
+        def delta(i: int, d: Delta, lps=None, finish: str | None = None) -> ChatChunkChoice:
+            return ChatChunkChoice(index=i, delta=d, logprobs=logprobs.chat_logprobs(engine, lps), finish_reason=finish)
 
         if req.stream:
-            return _sse(_stream(choices, req, head, prompts, spec,
-                                content=lambda i, ev: delta(i, {"content": ev.text}, ev.logprobs),
-                                final=lambda i, reason: delta(i, {}, None, reason),
-                                first=lambda i: delta(i, {"role": "assistant", "content": ""})))
+            return _sse(_stream(choices, req, lambda **kw: ChatCompletionChunk(**head, **kw), prompts, spec,
+                                content=lambda i, ev: delta(i, Delta(content=ev.text), ev.logprobs),
+                                final=lambda i, reason: delta(i, Delta(), None, reason),
+                                first=lambda i: delta(i, Delta(role="assistant", content=""))))
         results = await _collect(choices, raw)
         return ChatCompletionResponse(
-            **{**head, "object": "chat.completion"}, usage=serving.usage(prompts, results),
+            **head, usage=serving.usage(prompts, results),
             speculative=serving.speculative_stats(spec, results),
             choices=[{"index": i, "message": {"content": r.text}, "finish_reason": r.finish_reason,
                       "logprobs": logprobs.chat_logprobs(engine, r.logprobs)} for i, r in enumerate(results)],
@@ -204,14 +202,16 @@ def _sse(events: AsyncIterator[dict | str]) -> StreamingResponse:
         async for ev in events:
             yield f"data: {ev if isinstance(ev, str) else json.dumps(ev, ensure_ascii=False)}\n\n"
 
+
     return StreamingResponse(encode(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def _stream(choices: serving.Choices, req, head: dict, prompts, spec, content, final, first):
+async def _stream(choices: serving.Choices, req, chunk, prompts, spec, content, final, first):
     """The SSE events of one request; leaving early (client gone) cancels its choices.
 
     Args:
+        chunk: ``(**fields) -> ChatCompletionChunk | CompletionChunk`` with the response's id and model.
         content: ``(index, chunk) -> choice`` for a chunk with text or tokens.
         final: ``(index, finish_reason) -> choice`` for the last chunk of a choice.
         first: ``index -> choice`` sent before anything else (chat's role delta), or ``None``.
@@ -222,7 +222,7 @@ async def _stream(choices: serving.Choices, req, head: dict, prompts, spec, cont
     try:
         if first is not None:
             for i in range(len(results)):
-                yield {**head, "choices": [first(i)], **extra}
+                yield chunk(choices=[first(i)], **extra).wire()
         while any(r is None for r in results):
             i, ev = await choices.events.get()
             if isinstance(ev, BaseException):
@@ -230,15 +230,15 @@ async def _stream(choices: serving.Choices, req, head: dict, prompts, spec, cont
                 yield error_body(e.status, e.message, e.param, e.code, e.type)
                 break
             if ev.text or ev.logprobs:  # logprobs of tokens whose text is held back still go out
-                yield {**head, "choices": [content(i, ev)], **extra}
+                yield chunk(choices=[content(i, ev)], **extra).wire()
             if ev.finish_reason is not None:
                 results[i] = ev.result
-                stats = serving.speculative_stats(spec, [ev.result]).model_dump()
-                yield {**head, "choices": [final(i, ev.finish_reason)], **extra, "speculative": stats}
+                yield chunk(choices=[final(i, ev.finish_reason)], **extra,
+                            speculative=serving.speculative_stats(spec, [ev.result])).wire()
         else:
             if include_usage:
-                yield {**head, "choices": [], "usage": serving.usage(prompts, results).model_dump(),
-                       "speculative": serving.speculative_stats(spec, results).model_dump()}
+                yield chunk(choices=[], usage=serving.usage(prompts, results),
+                            speculative=serving.speculative_stats(spec, results)).wire()
         yield "[DONE]"
     finally:
         choices.cancel()

@@ -156,6 +156,8 @@ class ChatCompletionResponse(BaseModel):
     speculative: SpeculativeStats | None = None
 
 
+# -- stream chunks ---------------------------------------------------------------------------------
+
 class Delta(BaseModel):
     """A streamed message delta: ``{"role": "assistant", "content": ""}`` first, then ``{"content": ...}``,
     ``{}`` with the finish reason. Absent keys are left out, as OpenAI does."""
@@ -173,6 +175,43 @@ class ChatChunkChoice(BaseModel):
     delta: Delta
     logprobs: Any = None
     finish_reason: str | None = None
+
+
+class CompletionChunkChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: Any = None
+    finish_reason: str | None = None
+
+
+class _Chunk(BaseModel):
+    """One SSE event of a streamed response. ``usage`` is present (null until the last event) only when
+    the client asked for it (``stream_options.include_usage``); ``speculative`` only on the last chunk of
+    each choice and on the usage event."""
+
+    id: str
+    created: int
+    model: str
+    usage: Usage | None = None
+    speculative: SpeculativeStats | None = None
+
+    def wire(self) -> dict:
+        """The JSON object as sent: ``usage`` and ``speculative`` left out unless set."""
+        data = self.model_dump()
+        for name in ("usage", "speculative"):
+            if name not in self.model_fields_set:
+                del data[name]
+        return data
+
+
+class ChatCompletionChunk(_Chunk):
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChatChunkChoice]
+
+
+class CompletionChunk(_Chunk):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChunkChoice]
 
 
 class ErrorBody(BaseModel):

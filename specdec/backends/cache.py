@@ -1,0 +1,104 @@
+"""The KV-cache mirror: the one place where a sequence's cache is rolled back.
+
+:class:`SequenceCache` mirrors the tokens a backend sequence holds and truncates to the longest common
+prefix before evaluating, so rejected drafts (and the all-accepted case, where the draft model never saw
+its last draft token) are handled by the same few lines. An empty cache starts from a retained prefix
+(:meth:`specdec.backends.base.SequenceBook.retain`) by copying KV cells instead of evaluating them again,
+and :meth:`SequenceCache.fork` copies another cache's prefix (alternative candidates of one step).
+This module knows token ids and the Backend protocol, nothing about sampling or speculation.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from specdec.backends.base import Backend
+
+
+class SequenceCache:
+    """Mirror of one sequence's KV cache in a backend: the token ids it holds, in order.
+
+    Args:
+        backend: The model holding the cache.
+        seq_id: The sequence id, or ``None`` to reserve a new one.
+
+    Raises:
+        BackendError: when no sequence is free.
+    """
+
+    def __init__(self, backend: Backend, seq_id: int | None = None):
+        self.backend = backend
+        self.seq_id = backend.new_sequence() if seq_id is None else seq_id
+        self.tokens: list[int] = []
+
+    def plan(self, tokens: Sequence[int], n_logits: int) -> list[int]:
+        """Roll the cache back so that evaluating the returned tokens makes it hold ``tokens`` exactly
+        and yields logits for the last ``n_logits`` of them.
+
+        This is the single rollback point of the engine. It truncates to the longest common prefix of
+        the cache and ``tokens`` -- dropping rejected drafts -- but never past the positions whose
+        logits are wanted, which must be evaluated anew. An empty cache first copies the longest
+        matching prefix of a retained sequence (:meth:`SequenceBook.retain`), when there is one.
+        """
+        assert 1 <= n_logits <= len(tokens), (n_logits, len(tokens))
+        limit = min(len(self.tokens), len(tokens) - n_logits)
+        # The usual case (the cache holds a prefix of tokens up to limit) in one C-level comparison
+        # instead of a Python loop over the whole context; the loop only runs after a real divergence.
+        if self.tokens[:limit] == list(tokens[:limit]):
+            common = limit
+        else:
+            common = _common_prefix(self.tokens, tokens, limit)
+        if common < len(self.tokens):
+            self.backend.truncate(self.seq_id, common)
+            del self.tokens[common:]
+        if not self.tokens and getattr(self.backend, "retained", None):
+            self._copy_retained(tokens, len(tokens) - n_logits)
+        return list(tokens[len(self.tokens):])
+
+    def _copy_retained(self, tokens: Sequence[int], limit: int) -> None:
+        """Start from the retained sequence sharing the longest prefix (at most ``limit``) with ``tokens``."""
+        best, best_n = None, 0
+        for donor in self.backend.retained:
+            n = _common_prefix(donor.tokens, tokens, min(limit, len(donor.tokens)))
+            if n > best_n:
+                best, best_n = donor, n
+        if best is not None:
+            self.fork(best, best_n)
+
+    def fork(self, other: "SequenceCache", n_tokens: int) -> bool:
+        """Make this cache hold the first ``n_tokens`` of ``other`` (same backend) by copying KV cells.
+
+        Returns:
+            True on success; False where the backend cannot copy (the cache is then empty).
+        """
+        assert other.backend is self.backend and n_tokens <= len(other.tokens)
+        ok = self.backend.copy_prefix(other.seq_id, self.seq_id, n_tokens)
+        self.tokens = list(other.tokens[:n_tokens]) if ok else []
+        return ok
+
+    def commit(self, new: Sequence[int]) -> None:
+        """Record that ``new`` (from :meth:`plan`) was evaluated successfully."""
+        self.tokens.extend(new)
+
+    def score(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        """Make the cache hold ``tokens`` and return ``[n_logits, V] float32`` logits of their last
+        ``n_logits`` positions (row i predicts the token after ``tokens[len - n_logits + i]``)."""
+        new = self.plan(tokens, n_logits)
+        logits = self.backend.eval({self.seq_id: (new, n_logits)})[self.seq_id]
+        self.commit(new)
+        return logits
+
+    def free(self) -> None:
+        """Release the sequence in the backend."""
+        self.backend.free_sequence(self.seq_id)
+        self.tokens = []
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """Length of the common prefix of ``a`` and ``b``, at most ``limit``."""
+    n = 0
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n

@@ -1,0 +1,61 @@
+"""The ``specdec`` command line: one module per subcommand (``generate``, ``check``, ``models``, ``serve``,
+``bench``), shared option builders in :mod:`specdec.cli.options`.
+
+Every error a user can cause becomes one line on stderr and a non-zero exit, never a traceback; the
+library's messages name its API, and :func:`cli_terms` turns those names into this command line's
+options. Generated text goes to stdout; statistics go to stderr, so the text can be piped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import Sequence
+
+from specdec.cli import bench, check, generate, models, serve
+from specdec.cli.options import OneLineErrorParser
+
+SUBCOMMANDS = (generate, check, models, serve, bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of all subcommands; each sets ``run`` to its handler."""
+    parser = OneLineErrorParser(prog="specdec", description="Lossless speculative decoding for LLMs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in SUBCOMMANDS:
+        module.add_parser(sub)
+    return parser
+
+
+API_TO_CLI = {"chat=False": "--raw", "draft=": "--draft", "method=": "--method ", "n_ctx": "--n-ctx",
+              "n_threads": "--threads", "max_running": "--max-concurrency",
+              "num_speculative_tokens": "-k/--num-speculative-tokens"}
+"""The library's errors name its API (parameters, values); the CLI names its own options instead."""
+
+
+def cli_terms(message: str) -> str:
+    """``message`` with the API terms of :data:`API_TO_CLI` replaced by the command line's options."""
+    return re.sub("|".join(re.escape(k) for k in API_TO_CLI), lambda m: API_TO_CLI[m.group(0)], message)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``specdec`` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    from specdec.backends.base import BackendError
+
+    try:
+        from specdec.models import ModelDownloadError
+    except ImportError:  # pragma: no cover
+        ModelDownloadError = RuntimeError  # type: ignore[misc,assignment]
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        print("specdec: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # stdout closed early (e.g. `| head`): not an error
+        return 0
+    except (ValueError, OSError, ModelDownloadError, BackendError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"specdec: error: {cli_terms(msg)}", file=sys.stderr)
+        return 2 if isinstance(e, ValueError) else 1

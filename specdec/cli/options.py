@@ -1,0 +1,118 @@
+"""Option builders shared by the subcommands, and the conversions from options to settings.
+
+Choices come from the registries (methods: :data:`specdec.proposers.PROPOSERS`; verifiers:
+:data:`specdec.verify.VERIFIERS`; backends: :data:`specdec.api.BACKENDS`), never from lists of our own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specdec.api import BACKENDS
+from specdec.params import SamplingParams, SpecConfig, default_k, method_names, verifier_names
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one ``specdec: error:`` line (exit 2), not a usage block."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"specdec: error: {message} (see --help)\n")
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", help="target model: a known name (see `specdec models`) or a GGUF path")
+    p.add_argument("--draft", help="draft model: a known name or a GGUF path (same vocabulary as the target)")
+    p.add_argument("--n-ctx", type=int, default=4096, help="context window in tokens (default 4096)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
+    p.add_argument("--backend", choices=BACKENDS, default="llama.cpp",
+                   help="inference library: llama.cpp (GGUF) or hf (transformers/PyTorch; HF folders, hub names, "
+                        "GGUF dequantized once) (default llama.cpp)")
+    p.add_argument("--device", default=None, help="hf backend: cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="hf backend: weight dtype (default float32)")
+
+
+def add_spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--method", choices=method_names(), default="auto",
+                   help="proposer (default auto: n-gram lookup or the draft model, k chosen each step by a cost "
+                        "model, 0 = plain when speculation does not pay)")
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=None,
+                   help="draft tokens per target call: fixed for draft/ngram, the cap for hybrid/auto (default: "
+                        + ", ".join(f"{m} {default_k(m)}" for m in method_names() if default_k(m)) + ")")
+    p.add_argument("--draft-p-min", type=float, default=0.0,
+                   help="draft early stop: stop drafting below this draft probability (default 0 = off)")
+    p.add_argument("--verify", choices=verifier_names(), default="block",
+                   help="sampling verifier: block verification or token-by-token (default block)")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]")
+    p.add_argument("--min-p", type=float, default=0.0, help="keep tokens with p >= min_p * max p (0 = off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="over prompt + output (1 = off)")
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, over output tokens")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, over output tokens")
+    p.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS",
+                   help="add BIAS to token ID's logit (repeatable)")
+    p.add_argument("--min-tokens", type=int, default=0, help="no end-of-generation token before this many")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
+    """The :class:`SamplingParams` of the sampling options (raises ValueError on bad values)."""
+    bias = {}
+    for item in args.logit_bias:
+        tok, sep, val = item.partition("=")
+        try:
+            bias[int(tok)] = float(val)
+        except ValueError:
+            raise ValueError(f"--logit-bias takes ID=BIAS, e.g. 151643=-100; got {item!r}") from None
+    return SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty, logit_bias=bias, min_tokens=args.min_tokens,
+        seed=args.seed, max_tokens=args.max_tokens, stop=tuple(args.stop),
+    )
+
+
+def spec_from_args(args: argparse.Namespace) -> SpecConfig:
+    """The :class:`SpecConfig` of the speculation options (raises ValueError on bad values)."""
+    return SpecConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens, verify=args.verify,
+                      draft_p_min=args.draft_p_min)
+
+
+def load_engine_from_args(args: argparse.Namespace, spec: SpecConfig, n_seq_max: int = 4):
+    """Load the engine the model options describe (checked first, before anything is downloaded)."""
+    from specdec.api import load_engine
+
+    check_model_args(args)
+    return load_engine(args.target, args.draft, spec, n_ctx=args.n_ctx, n_seq_max=n_seq_max, n_threads=args.threads,
+                       backend=args.backend, device=args.device, dtype=args.dtype)
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    if args.file and args.prompt:
+        raise ValueError("give the prompt either as an argument or with --file, not both")
+    if args.file:
+        try:
+            with open(args.file, encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"cannot read prompt file {args.file}: {e}") from None
+    if args.prompt == "-":
+        return sys.stdin.read()
+    if args.prompt is None:
+        raise ValueError("no prompt given: pass PROMPT, '-' for stdin, or --file PATH")
+    return args.prompt
+
+
+def check_model_args(args: argparse.Namespace) -> None:
+    """Validate the model options before anything is downloaded or loaded (raises ValueError)."""
+    if args.n_ctx < 16:
+        raise ValueError(f"--n-ctx must be at least 16, got {args.n_ctx}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")

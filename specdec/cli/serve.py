@@ -1,0 +1,53 @@
+"""``specdec serve``: load the models, then serve the OpenAI-compatible API until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specdec.cli.options import add_model_args, add_spec_args, check_model_args, load_engine_from_args, spec_from_args
+
+
+def add_parser(sub) -> None:
+    """Register ``serve`` on the subcommand parsers ``sub``."""
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching")
+    add_model_args(s)
+    add_spec_args(s)
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
+    s.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 (or $SPECDEC_API_KEY)")
+    s.add_argument("--served-model-name", default=None, help="model name clients pass (default: the target's)")
+    s.add_argument("--max-concurrency", type=int, default=8, help="requests decoded together (default 8)")
+    s.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond that; then 429 (default 64)")
+    s.add_argument("--max-tokens-limit", type=int, default=None, help="largest max_tokens (default: the context)")
+    s.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt (default: the context)")
+    s.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
+    s.add_argument("--drain-timeout", type=float, default=120.0, help="seconds to finish requests on SIGTERM")
+    s.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``specdec serve``: load the models, then serve the OpenAI API until SIGINT/SIGTERM."""
+    import os
+
+    from specdec.server import ServerConfig, run_server
+
+    spec = spec_from_args(args)
+    for name in ("max_concurrency", "max_queue", "max_tokens_limit", "max_prompt_tokens", "max_body_bytes"):
+        value = getattr(args, name)
+        if value is not None and value < (0 if name == "max_queue" else 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    check_model_args(args)
+    api_key = args.api_key or os.environ.get("SPECDEC_API_KEY") or None
+    if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
+        print(f"specdec: warning: serving on {args.host} without --api-key", file=sys.stderr)
+    engine = load_engine_from_args(args, spec, n_seq_max=args.max_concurrency)
+    config = ServerConfig(
+        model_name=args.served_model_name or engine.name, api_key=api_key,
+        max_running=args.max_concurrency, max_waiting=args.max_queue, max_body_bytes=args.max_body_bytes,
+        max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens_limit,
+    )
+    run_server(engine, config, host=args.host, port=args.port, drain_timeout=args.drain_timeout)
+    return 0
