@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec.adaptive import CostModel, TimingTable
+from specdec.stats import acceptance_rate, mean_accepted_length
 
 SPECULATIVE = ("draft", "draft-pmin", "ngram", "hybrid", "auto", "server-spec")
 
@@ -114,7 +115,7 @@ def summarize(doc: dict) -> list[dict]:
                 prop[: len(p)] += p
                 accp[: len(a)] += a
             n_pos = int(np.max(np.flatnonzero(prop), initial=-1)) + 1
-            acc_of[m] = [float(accp[i] / prop[i]) for i in range(n_pos)]
+            acc_of[m] = [acceptance_rate(float(accp[i]), float(prop[i])) for i in range(n_pos)]
         for m in methods:
             rs = [r for r in in_cat if r["method"] == m]
             if not rs:
@@ -126,8 +127,8 @@ def summarize(doc: dict) -> list[dict]:
             calls = sum(r.get("target_calls", 0) for r in rs)
             row = dict(category=cat, method=m, prompts=len(rs), new_tokens=new,
                        tps=_ratio(new, pre + dec), decode_tps=_ratio(new - len(rs), dec), ttft=pre / len(rs),
-                       mean_accepted_length=_ratio(sum(r.get("committed", 0) for r in rs), calls),
-                       acceptance_rate=_ratio(sum(r.get("accepted", 0) for r in rs), proposed),
+                       mean_accepted_length=mean_accepted_length(sum(r.get("committed", 0) for r in rs), calls),
+                       acceptance_rate=acceptance_rate(sum(r.get("accepted", 0) for r in rs), proposed),
                        acceptance_by_position=acc_of[m], load1=float(np.mean([r["load1"] for r in rs])))
             if m in ("hybrid", "auto"):
                 w = [(r.get("adaptive") or {}).get("predicted_speedup", math.nan) for r in rs]
