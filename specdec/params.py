@@ -37,8 +37,10 @@ class SamplingParams:
         stop: Stop strings; the output text is cut before the first occurrence of any of them. They
             are honoured even before ``min_tokens`` is reached (vLLM ignores them until then): the
             output never runs past a stop string.
-        seed: Seed of the request's own random generator; ``None`` draws fresh entropy. The same seed
-            gives the same tokens for the same prompt, settings and ``k``.
+        seed: Seed of the request's randomness; ``None`` draws fresh entropy. A seeded request is verified
+            drafter-invariantly (``SpecConfig.verify="gumbel"`` unless another verifier is asked for): the
+            same seed gives the same tokens for the same prompt and settings, with or without speculation,
+            whatever the method, k, batch or timing (up to llama.cpp's batched-kernel near-ties).
         min_p: Keep tokens whose probability is at least ``min_p`` times the top token's (after
             temperature); ``0`` disables it. In [0, 1].
         repetition_penalty: CTRL-style penalty over prompt AND generated tokens (HF/vLLM): a positive
@@ -174,10 +176,13 @@ class SpecConfig:
         ngram_max: Longest suffix n-gram the prompt-lookup proposer tries to match.
         ngram_min: Shortest suffix n-gram the prompt-lookup proposer tries to match.
         verify: The verifier of sampled requests, a sampling entry of :data:`specdec.verify.VERIFIERS`:
-            ``"block"`` (block verification, Sun et al. 2024, arXiv 2403.10444; the default) or
-            ``"token"`` (token-by-token speculative sampling, Leviathan et al. 2023); both lossless, and
-            block accepts at least as many tokens in expectation. Greedy requests
-            (:attr:`SamplingParams.greedy`) are always verified by argmax.
+            ``"block"`` (block verification, Sun et al. 2024, arXiv 2403.10444), ``"token"``
+            (token-by-token speculative sampling, Leviathan et al. 2023) or ``"gumbel"`` (drafter-invariant
+            speculative decoding, Daliri et al. 2024, arXiv 2408.07978: the randomness belongs to output
+            positions, so a seeded request gives the same text whatever the proposer, k, batch or timing,
+            and the same text as seeded plain decoding); all lossless. ``None`` (the default): ``gumbel``
+            for seeded requests, ``block`` (which accepts the most drafts) for unseeded ones. Greedy
+            requests (:attr:`SamplingParams.greedy`) are always verified by argmax.
 
     Raises:
         ValueError: On an unknown method or verifier, or an out-of-range number.
@@ -187,7 +192,7 @@ class SpecConfig:
     num_speculative_tokens: int | None = None
     ngram_max: int = 3
     ngram_min: int = 1
-    verify: str = "block"
+    verify: str | None = None
     draft_p_min: float = 0.0
 
     def __post_init__(self) -> None:
@@ -199,7 +204,7 @@ class SpecConfig:
         if not 0 <= self.draft_p_min < 1:
             raise ValueError(f"draft_p_min must be in [0, 1), got {self.draft_p_min}")
         verifiers = verifier_names()
-        if self.verify not in verifiers:
+        if self.verify is not None and self.verify not in verifiers:
             raise ValueError(f"unknown verify {self.verify!r}; choose one of {', '.join(verifiers)}")
         k = self.num_speculative_tokens
         if not 0 <= k <= MAX_SPECULATIVE_TOKENS:

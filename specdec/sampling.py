@@ -31,6 +31,11 @@ def make_rng(seed: int | None) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(seed))
 
 
+def fresh_seed() -> int:
+    """A fresh 128-bit seed from OS entropy (for requests without a seed)."""
+    return int(np.random.SeedSequence().entropy)
+
+
 def greedy_tokens(logits: np.ndarray) -> np.ndarray:
     """Argmax per row.
 

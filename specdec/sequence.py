@@ -25,7 +25,7 @@ from specdec.proposers.base import EMPTY_PROPOSAL, Outcome, Proposal, Proposer
 from specdec.sampling import SamplingState, make_rng
 from specdec.stats import GenerationStats
 from specdec.types import ModelInfo
-from specdec.verify import Draft, TargetRows, Verifier, VerifyResult
+from specdec.verify import Draft, NoiseDraws, PositionNoise, RandomDraws, TargetRows, Verifier, VerifyResult
 
 
 class TokenSink(Protocol):
@@ -72,7 +72,10 @@ class SequenceState:
         sink: Receives committed tokens (the output stage).
 
     Randomness is owned: the sequence's generator (seeded by ``params.seed``) is consumed only by its own
-    proposer and verifier, so the same seed gives the same tokens alone or in a batch.
+    proposer and verifier, so the same seed gives the same tokens alone or in a batch. With a
+    drafter-invariant verifier (``verifier.noise``) the randomness belongs to output positions instead
+    (:class:`~specdec.verify.gumbel.PositionNoise` keyed by the seed): the same seed gives the same tokens
+    whatever the proposer and k.
     """
 
     def __init__(self, model: ModelInfo, prompt_ids: Sequence[int], params: SamplingParams, sampling: SamplingState,
@@ -86,6 +89,7 @@ class SequenceState:
         self.k_max = k_max if proposer is not None else 0
         self.sink = sink
         self.rng = make_rng(params.seed)
+        self.noise = PositionNoise(params.seed, model.vocab_size) if verifier.noise else None
         self.context = list(prompt_ids)  # prompt + committed tokens (an ending end-of-generation token too)
         self.n_generated = 0
         self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
@@ -119,7 +123,10 @@ class SequenceState:
         if not self.prefilled and self.proposer is not None:
             self.proposer.prepare(self.context)
         k = self.draft_budget()
-        return self.proposer.propose(self.context, k, self.params, self.rng) if k else EMPTY_PROPOSAL
+        if not k:
+            return EMPTY_PROPOSAL
+        draws = RandomDraws(self.rng) if self.noise is None else NoiseDraws(self.noise, self.n_generated)
+        return self.proposer.propose(self.context, k, self.params, draws)
 
     # -- 2. score ----------------------------------------------------------------------------------
     def plan(self, proposal: Proposal) -> ScorePlan:
@@ -157,7 +164,7 @@ class SequenceState:
         for cache, new in zip(plan.caches, plan.new):
             cache.commit(new)
         v = self.model.vocab_size
-        return [TargetRows(logits[cache.seq_id][:, :v], c.tokens, self.sampling)
+        return [TargetRows(logits[cache.seq_id][:, :v], c.tokens, self.sampling, self.noise, self.n_generated)
                 for cache, c in zip(plan.caches, plan.candidates)]
 
     # -- 4. commit ---------------------------------------------------------------------------------
@@ -191,6 +198,8 @@ class SequenceState:
             if self.finished:
                 break
         self.stats.record_step(len(drafts), result.num_accepted, kept)
+        if self.noise is not None:
+            self.noise.forget_before(self.n_generated)
         if self._t_first is None:
             self._t_first = time.perf_counter()
         outcome = Outcome(plan.proposal, j, len(drafts), result.num_accepted, len(self.context))

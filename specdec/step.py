@@ -110,7 +110,7 @@ def speculative_step(target: Backend, seqs: Sequence[SequenceState], cost=None) 
             continue
         with report.isolate(seq):
             rows = seq.target_rows(plan, logits[seq])
-            verifier = seq.verifier if len(rows) == 1 else multi_candidate_verifier()
+            verifier = seq.verifier if len(rows) == 1 else multi_candidate_verifier(seq.verifier)
             result = verifier(plan.candidates, rows, seq.rng)
             report.outcomes.append(seq.commit(plan, result, rows))
 

@@ -1,8 +1,9 @@
 """Statistical proof that every sampling parameter stays lossless under speculation.
 
 For each setting in a matrix (each parameter alone and combined) x k in {1, 3, 5} x proposer {draft
-model, n-gram} x verifier {token, block}, the first 3 generated tokens are sampled N times through the
-real engine (Request, SamplingState, proposers, verifiers, SequenceCache) and their empirical joint is
+model, n-gram} x verifier {token, block, gumbel}, the first 3 generated tokens are sampled N times through
+the real engine (the speculative step, SamplingState, proposers, verifiers, SequenceCache) and their
+empirical joint is
 tested against the EXACT target distribution by Pearson's chi-square (specdec.check: cells sized for
 expected counts >= 5, small ones pooled). The engine's first token is the prefill's plain step, so
 tokens 2 and 3 are the first two of the first speculative block: token 3 is where per-row histories
@@ -15,7 +16,9 @@ the tiny GGUF models through llama.cpp and tiny random-weight transformers model
 transformers backend.
 
 Significance: family-wise alpha 0.01 over all lossless tests, Bonferroni-corrected (ALPHA per test).
-Seeds are fixed per cell, so the outcome is deterministic; "alpha" is the chance over seed choices.
+Seeds are fixed per cell, so the outcome is deterministic; "alpha" is the chance over seed choices. Each
+sample has its own derived seed (SamplingParams.for_sample), so for the drafter-invariant verifier
+(gumbel) the N samples are N independent position-noise keys: samples across seeds.
 Power: N = 500 and ~10-40 cells give power >= 0.9 against any deviation whose chi-square distance
 sum((f - p)^2 / p) over the cells is >= ~0.12 (about 0.1 in total variation); the power tests below show
 that accepting every draft, or ignoring draft tokens in the per-row histories, is rejected at ALPHA.
@@ -59,9 +62,10 @@ SETTINGS = {
                                min_tokens=2),
 }
 MATRIX = [(name, k, method, verify) for name in SETTINGS for k in (1, 3, 5) for method in ("draft", "ngram")
-          for verify in ("token", "block")]
+          for verify in ("token", "block", "gumbel")]
 GGUF_CELLS = [("combined_all", 3, "draft", "token"), ("combined_all", 5, "draft", "block"),
-              ("min_tokens", 3, "draft", "block"), ("presence_penalty", 3, "ngram", "token")]
+              ("min_tokens", 3, "draft", "block"), ("presence_penalty", 3, "ngram", "token"),
+              ("combined_all", 4, "draft", "gumbel"), ("top_p", 3, "ngram", "gumbel")]
 HF_CELLS = GGUF_CELLS + [("temperature", 1, "draft", "token"), ("top_p", 3, "ngram", "block")]
 ALPHA = FWER / (len(MATRIX) + len(GGUF_CELLS) + len(HF_CELLS))
 
@@ -183,7 +187,7 @@ def test_power_accept_every_draft_is_rejected(table_pair, monkeypatch, method):
     assert fit.p_value < ALPHA, (fit.chi2, fit.dof, fit.p_value)
 
 
-@pytest.mark.parametrize("verify", ["token", "block"])
+@pytest.mark.parametrize("verify", ["token", "block", "gumbel"])
 def test_power_histories_without_drafts_are_rejected(table_pair, monkeypatch, verify):
     """The bug seen in engines that count penalties per committed block: every verification row is
     processed with the committed history only, ignoring the draft tokens before it."""

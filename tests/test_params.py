@@ -14,6 +14,7 @@ from specdec.engine import Engine
 from specdec.proposers import DraftModelProposer
 from specdec.sampling import SamplingState, probs_from_logits
 from specdec.step import speculative_step
+from specdec.verify import RandomDraws
 from specdec.params import SamplingParams, SpecConfig
 
 V = 40
@@ -158,7 +159,7 @@ def test_draft_q_uses_the_same_rules_and_history(table_engine):
     prop = DraftModelProposer(SequenceCache(draft), vocab_size=V)
     prop.prepare(PROMPT)
     ctx = PROMPT + [5, 5]
-    out = prop.propose(ctx, 4, params, np.random.default_rng(0))
+    out = prop.propose(ctx, 4, params, RandomDraws(np.random.default_rng(0)))
     for i in range(4):
         raw = draft.logits_after(ctx + out.tokens[:i])
         want = reference_probs(raw, params, PROMPT, [5, 5] + out.tokens[:i], {EOG})

@@ -10,7 +10,7 @@ from specdec.engine import Engine
 from specdec.params import SamplingParams, SpecConfig
 from specdec.proposers import Proposal
 from specdec.step import speculative_step
-from specdec.verify import Draft, verify_tree
+from specdec.verify import Draft, TargetRows, verify_tree
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 PROMPT = [3, 12, 36, 13, 13, 38, 5, 9]
@@ -90,12 +90,23 @@ def test_step_reports_the_call_and_isolates_a_failing_sequence():
     assert target.sequences == ()
 
 
-class _Rows:
-    """TargetRows stand-in for the verifier unit test: fixed processed distributions."""
+class _FixedSampling:
+    """A SamplingState stand-in whose processed rows are given (``[n, V]`` probabilities)."""
 
     def __init__(self, probs, greedy=False):
-        self.probs, self.greedy = probs, greedy
-        self.argmax = probs.argmax(axis=-1)
+        self.rows, self.params = probs, SamplingParams(temperature=0.0 if greedy else 1.0)
+
+    def probs(self, logits, pending):
+        return self.rows
+
+    def argmax(self, logits, pending):
+        return self.rows.argmax(axis=-1)
+
+
+def _Rows(probs, greedy=False, drafts=None):
+    """The target's rows for one candidate of ``len(probs) - 1`` drafts, with fixed distributions."""
+    drafts = [0] * (len(probs) - 1) if drafts is None else drafts
+    return TargetRows(np.zeros(probs.shape, np.float32), drafts, _FixedSampling(probs, greedy))
 
 
 def test_tree_verifier_samples_exactly_from_p():

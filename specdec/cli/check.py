@@ -12,6 +12,7 @@ from specdec.cli.options import (
     sampling_params_from_args, spec_from_args,
 )
 from specdec.params import SamplingParams
+from specdec.verify import select_verifier
 
 
 def add_parser(sub) -> None:
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     settings = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)
                 if getattr(params, f.name) != getattr(SamplingParams(), f.name) and f.name != "max_tokens"}
     print(f"target {engine.name}, draft {engine.draft_name or '-'}; method {spec.method}, "
-          f"k={spec.k}, verify {spec.verify}; prompt {len(prompt_ids)} tokens\nsettings             "
+          f"k={spec.k}, verify {select_verifier(params, spec).name}; prompt {len(prompt_ids)} tokens\nsettings             "
           + ", ".join(f"{k}={v}" for k, v in settings.items()))
     bar = tqdm(total=args.samples, desc="sampling", unit="sample", file=sys.stderr, leave=False, disable=None)
     with bar:

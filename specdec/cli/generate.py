@@ -11,6 +11,7 @@ from specdec.cli.options import (
     spec_from_args,
 )
 from specdec.params import SpecConfig
+from specdec.verify import select_verifier
 from specdec.types import GenerationResult
 
 
@@ -110,8 +111,9 @@ def run(args: argparse.Namespace) -> int:
         n_same = next((i for i, (a, b) in enumerate(zip(plain.token_ids, res.token_ids)) if a != b),
                       min(len(plain.token_ids), len(res.token_ids)))
         match = "yes" if same else f"no (first {n_same} tokens equal)"
-        if not params.greedy:
-            match += " (sampling: outputs are equal in distribution, not token for token)"
+        if not params.greedy and not select_verifier(params, spec).noise:
+            match += (" (unseeded sampling: outputs are equal in distribution, not token for token; "
+                      "with --seed they are the same text)")
         print(f"--- comparison ---\nspeed-up             {ratio:.2f}x end to end, {fmt(dratio)}x decode\n"
               f"outputs match        {match}", file=sys.stderr)
     return 0

@@ -42,8 +42,9 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                         + ", ".join(f"{m} {default_k(m)}" for m in method_names() if default_k(m)) + ")")
     p.add_argument("--draft-p-min", type=float, default=0.0,
                    help="draft early stop: stop drafting below this draft probability (default 0 = off)")
-    p.add_argument("--verify", choices=verifier_names(), default="block",
-                   help="sampling verifier: block verification or token-by-token (default block)")
+    p.add_argument("--verify", choices=verifier_names(), default=None,
+                   help="verifier of sampled requests (default: gumbel with --seed, so the same seed gives the "
+                        "same text with or without speculation; block without a seed)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

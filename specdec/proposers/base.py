@@ -21,6 +21,16 @@ import numpy as np
 from specdec.params import SamplingParams
 from specdec.verify.base import Draft
 
+
+class Draws(Protocol):
+    """How a sampling proposer picks draft tokens (:class:`~specdec.verify.base.RandomDraws`,
+    :class:`~specdec.verify.gumbel.NoiseDraws`)."""
+
+    needs_probs: bool
+
+    def pick(self, q: np.ndarray, j: int) -> int:
+        """Draft ``j`` (0-based in this step) from ``q`` (``[V] float64``)."""
+
 if TYPE_CHECKING:
     from specdec.adaptive import CostModel
     from specdec.backends.base import Backend
@@ -103,10 +113,11 @@ class Proposer(Protocol):
     def prepare(self, context: Sequence[int]) -> None:
         """Called once with the prompt, during the prefill (a draft model prefills here)."""
 
-    def propose(
-        self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
-    ) -> Proposal:
-        """Draft up to ``k`` tokens that follow ``context`` (prompt + committed tokens)."""
+    def propose(self, context: Sequence[int], k: int, params: SamplingParams, draws: Draws) -> Proposal:
+        """Draft up to ``k`` tokens that follow ``context`` (prompt + committed tokens). A sampling
+        proposer picks draft ``j`` from its processed ``q`` with ``draws.pick(q, j)`` and returns ``q``
+        only when ``draws.needs_probs`` (rejection-sampling verifiers need it; drafter-invariant ones draw
+        drafts from the request's position noise instead)."""
 
     def observe(self, outcome: Outcome) -> None:
         """Feedback after verification of a non-empty proposal."""

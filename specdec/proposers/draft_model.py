@@ -19,8 +19,8 @@ import numpy as np
 
 from specdec.backends.cache import SequenceCache
 from specdec.params import SamplingParams, SpecConfig
-from specdec.proposers.base import EMPTY_PROPOSAL, DraftCost, Outcome, Proposal, ProposerContext, register
-from specdec.sampling import SamplingState, sample
+from specdec.proposers.base import EMPTY_PROPOSAL, DraftCost, Draws, Outcome, Proposal, ProposerContext, register
+from specdec.sampling import SamplingState
 
 
 class DraftModelProposer:
@@ -68,11 +68,10 @@ class DraftModelProposer:
             n = next(i for i in range(n) if held[i] != context[i])
         return len(context) - n
 
-    def propose(
-        self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator,
-        kind: str | None = None,
-    ) -> Proposal:
-        """Sample ``k`` draft tokens autoregressively; ``probs`` is ``[k, V] float64`` (None if greedy).
+    def propose(self, context: Sequence[int], k: int, params: SamplingParams, draws: Draws,
+                kind: str | None = None) -> Proposal:
+        """Draft ``k`` tokens autoregressively, each picked from ``q`` by ``draws`` (the argmax when greedy);
+        ``probs`` is ``[k, V] float64`` when ``draws.needs_probs``, else None.
 
         ``kind`` labels the proposal for pooled acceptance statistics (adaptive proposers pass
         ``"draft"``); the proposal's ``draft_cost`` says what drafting took.
@@ -94,8 +93,9 @@ class DraftModelProposer:
                 q = state.probs(logits, tokens)[0]  # [V] float64, history: context + tokens so far
                 if self.p_min > 0 and q.max() < self.p_min:
                     break
-                tok = sample(q, rng)
-                rows.append(q)
+                tok = draws.pick(q, len(tokens))
+                if draws.needs_probs:
+                    rows.append(q)
             tokens.append(tok)
             seq.append(tok)
         evals = min(k, len(tokens) + 1)  # an early stop evaluated one more position

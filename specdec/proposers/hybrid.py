@@ -28,7 +28,7 @@ import numpy as np
 from specdec.adaptive import AcceptanceStats, Choice, CostModel, expected_tokens
 from specdec.backends.cache import SequenceCache
 from specdec.params import SamplingParams, SpecConfig
-from specdec.proposers.base import EMPTY_PROPOSAL, Outcome, Proposal, ProposerContext, register
+from specdec.proposers.base import EMPTY_PROPOSAL, Draws, Outcome, Proposal, ProposerContext, register
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.ngram import NgramIndex
 
@@ -164,7 +164,7 @@ class HybridProposer:
             self.draft.prepare(context)
 
     def propose(
-        self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
+        self, context: Sequence[int], k: int, params: SamplingParams, draws: Draws
     ) -> Proposal:
         """Draft up to ``k`` tokens from the n-gram index or the draft model (possibly none); the
         proposal's ``kind`` is ``ngramN`` or ``draft``."""
@@ -179,7 +179,7 @@ class HybridProposer:
             return Proposal(tokens=match[: choice.k], kind=f"ngram{order}")
         if choice.source == "draft":
             assert self.draft is not None
-            return self.draft.propose(context, choice.k, params, rng, kind="draft")
+            return self.draft.propose(context, choice.k, params, draws, kind="draft")
         return EMPTY_PROPOSAL
 
     # -- the two policies -----------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from specdec.params import SamplingParams, SpecConfig
-from specdec.proposers.base import EMPTY_PROPOSAL, Outcome, Proposal, ProposerContext, register
+from specdec.proposers.base import EMPTY_PROPOSAL, Draws, Outcome, Proposal, ProposerContext, register
 
 
 class NgramIndex:
@@ -77,7 +77,7 @@ class NgramProposer:
         """Nothing to prefill."""
 
     def propose(
-        self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
+        self, context: Sequence[int], k: int, params: SamplingParams, draws: Draws
     ) -> Proposal:
         """Propose the continuation of the newest suffix match (a point mass, ``probs=None``)."""
         if k <= 0:

@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from specdec.sampling import SamplingState
+from specdec.sampling import SamplingState, sample
 
 
 @dataclass(frozen=True)
@@ -45,13 +45,19 @@ class TargetRows:
         logits: ``[k+1, V] float32`` raw target logits (padding rows already sliced off).
         drafts: ``[k] int`` the candidate's draft tokens.
         sampling: The sequence's processing state (committed history).
+        noise: The request's position noise (:class:`~specdec.verify.gumbel.PositionNoise`) when its
+            verifier is drafter-invariant, else None.
+        position: Output position (0-based index of the generated token) of row 0.
     """
 
-    def __init__(self, logits: np.ndarray, drafts: Sequence[int], sampling: SamplingState):
+    def __init__(self, logits: np.ndarray, drafts: Sequence[int], sampling: SamplingState, noise=None,
+                 position: int = 0):
         assert logits.shape[0] == len(drafts) + 1, (logits.shape, len(drafts))
         self.logits = logits
         self.drafts = list(drafts)
         self.sampling = sampling
+        self.noise = noise
+        self.position = position
 
     @property
     def greedy(self) -> bool:
@@ -67,6 +73,15 @@ class TargetRows:
     def probs(self) -> np.ndarray:
         """``[k+1, V] float64`` processed target distributions ``p`` (temperature > 0 only)."""
         return self.sampling.probs(self.logits, self.drafts)
+
+    def token(self, i: int, rng: np.random.Generator) -> int:
+        """The target's own token at row ``i``: the argmax for greedy decoding; with position noise the
+        Gumbel-max choice ``argmin E_t / p`` (deterministic given the noise); else a sample from ``p``."""
+        if self.greedy:
+            return int(self.argmax[i])
+        if self.noise is not None:
+            return self.noise.choose(self.probs[i], self.position + i)
+        return sample(self.probs[i], rng)
 
 
 @dataclass(frozen=True)
@@ -102,12 +117,15 @@ class Verifier:
         fn: ``(candidates [c], rows [c], rng) -> VerifyResult``; ``rows[j]`` belongs to ``candidates[j]``.
         sampling: Selectable as ``SpecConfig.verify`` for sampled requests (lossless for temperature > 0).
         multi: Judges several candidates per step (a token tree); single-chain verifiers take one.
+        noise: Drafter-invariant: tokens come from the request's position noise, and drafts must be drawn
+            from it too (:class:`~specdec.verify.gumbel.NoiseDraws`) instead of sampled with the RNG.
     """
 
     name: str
     fn: VerifyFn
     sampling: bool
     multi: bool = False
+    noise: bool = False
 
     def __call__(self, candidates: Sequence[Draft], rows: Sequence[TargetRows],
                  rng: np.random.Generator) -> VerifyResult:
@@ -127,3 +145,17 @@ def single_chain(fn: Callable[[Sequence[int], "np.ndarray | None", np.ndarray, n
     verify.__doc__ = fn.__doc__
     verify.chain = fn  # type: ignore[attr-defined]  # the array function, for tests and direct use
     return verify
+
+
+class RandomDraws:
+    """How a draft model picks its token for a rejection-sampling verifier: a sample from ``q`` with the
+    request's RNG, ``q`` kept for the verifier (``x ~ q``, Leviathan et al. 2023)."""
+
+    needs_probs = True
+
+    def __init__(self, rng: np.random.Generator):
+        self.rng = rng
+
+    def pick(self, q: np.ndarray, j: int) -> int:
+        """Draft ``j`` of this step from ``q`` (``[V] float64``)."""
+        return sample(q, self.rng)

@@ -1,8 +1,9 @@
-"""Multi-candidate (token tree) verification of point-mass candidates.
+"""Multi-candidate (token tree) verification of point-mass candidates, and the drafter-invariant walk.
 
 Several candidate continuations share the committed context; together they form a tree whose nodes are
 draft prefixes. Walking from the root: at each node take the target's own token there, ``y`` (the
-argmax of the processed logits for greedy decoding, a sample from ``p`` otherwise), and follow the child
+argmax of the processed logits for greedy decoding, the Gumbel-max choice of the position's noise for a
+drafter-invariant request, a sample from ``p`` otherwise: :meth:`TargetRows.token`), and follow the child
 whose draft equals ``y``; where no child does, emit ``y`` and stop (at a leaf, ``y`` is the bonus
 token). Every emitted token is the target's own choice given the committed prefix, so the output is
 exactly plain decoding's (greedy) or distributed exactly as ``p`` (sampling): lossless for any
@@ -17,7 +18,6 @@ from typing import Sequence
 
 import numpy as np
 
-from specdec.sampling import sample
 from specdec.verify.base import Draft, TargetRows, VerifyResult
 
 
@@ -28,7 +28,7 @@ def verify_tree(candidates: Sequence[Draft], rows: Sequence[TargetRows], rng: np
         candidates: ``[c]`` point-mass candidates (``probs is None``), any lengths, any shared prefixes.
         rows: ``[c]`` the target's rows for each candidate (``[k_j+1, V]``); candidates that share a
             prefix have the same distributions there, and the first live candidate's rows are used.
-        rng: The request's generator: one float64 uniform per sampled node.
+        rng: The request's generator: one float64 uniform per sampled node (unused with noise).
 
     Returns:
         The first candidate on the accepted path, the accepted length and the token after it.
@@ -38,11 +38,11 @@ def verify_tree(candidates: Sequence[Draft], rows: Sequence[TargetRows], rng: np
     """
     if any(c.probs is not None for c in candidates):
         raise ValueError("tree verification takes point-mass candidates only (no draft probabilities)")
+    # (Drafts of a drafter-invariant request are point masses by construction: argmin E_t / q.)
     live = list(range(len(candidates)))
     depth = 0
     while True:
-        r = rows[live[0]]
-        y = int(r.argmax[depth]) if r.greedy else sample(r.probs[depth], rng)
+        y = rows[live[0]].token(depth, rng)
         following = [j for j in live if len(candidates[j].tokens) > depth and int(candidates[j].tokens[depth]) == y]
         if not following:
             done = len(candidates[live[0]].tokens) == depth

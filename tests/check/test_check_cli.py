@@ -40,6 +40,13 @@ def test_check_fails_a_lossy_verifier(capsys, models, monkeypatch):
 
     monkeypatch.setitem(verify_mod.VERIFIERS, "token", Verifier("token", single_chain(accept_everything), sampling=True))
     monkeypatch.setitem(verify_mod.VERIFIERS, "block", Verifier("block", single_chain(accept_everything), sampling=True))
+
+    def accept_every_chain(candidates, rows, rng):  # the seeded default (gumbel), just as lossy
+        k = len(candidates[0].tokens)
+        return VerifyResult(num_accepted=k, next_token=rows[0].token(k, rng), is_bonus=True)
+
+    monkeypatch.setitem(verify_mod.VERIFIERS, "gumbel", Verifier("gumbel", accept_every_chain, sampling=True,
+                                                                 multi=True, noise=True))
     code, out, _ = run(capsys, "check", "The quick brown fox", "--raw", "--samples", "150", "--seed", "1",
                        "--alpha", "0.001", *models[0], "--draft", models[1])
     assert code == 1 and "FAIL" in out

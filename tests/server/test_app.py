@@ -238,3 +238,27 @@ def test_completions_logprobs_format(client):
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == r.usage.completion_tokens
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
     assert all(tok in top and len(top) in (3, 4) for tok, top in zip(lp.tokens, lp.top_logprobs))
+
+
+def test_seeded_request_is_the_same_alone_under_load_and_with_any_method(client):
+    """A seeded sampled request gives the same text alone, while four other requests run, with any
+    `speculative` override, and with speculation off (drafter-invariant verification)."""
+    kw = dict(temperature=1.0, top_p=0.95, seed=7, max_tokens=24)
+    alone = chat(client, PROMPTS[1], **kw).choices[0].message.content
+    assert alone
+    for spec in ({"method": "none"}, {"method": "draft", "num_speculative_tokens": 2},
+                 {"method": "ngram", "num_speculative_tokens": 6}, {"method": "auto"}):
+        assert chat(client, PROMPTS[1], **kw, extra_body={"speculative": spec}).choices[0].message.content == alone
+    out, others = {}, []
+
+    def other(i):
+        chat(client, PROMPTS[i], temperature=1.0, max_tokens=40)
+
+    threads = [threading.Thread(target=other, args=(i,)) for i in (0, 2, 3, 4)]
+    for t in threads:
+        t.start()
+    out["loaded"] = chat(client, PROMPTS[1], **kw).choices[0].message.content
+    for t in threads:
+        t.join(120)
+    assert out["loaded"] == alone
+    assert chat(client, PROMPTS[1], **{**kw, "seed": 8}).choices[0].message.content != alone
