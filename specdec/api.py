@@ -23,6 +23,7 @@ def load_engine(
     backend: str = "llama.cpp",
     device: str | None = None,
     dtype: str | None = None,
+    kv_cells: int | None = None,
 ) -> Engine:
     """Load the target (and, unless ``spec.method`` is ngram/none, the draft) with llama.cpp or transformers.
 
@@ -39,6 +40,9 @@ def load_engine(
             folders and hub names; needs ``pip install 'specdec[hf]'``).
         device: ``cpu``, ``cuda`` or ``cuda:N`` (``hf`` only; default cpu).
         dtype: ``float32``, ``bfloat16`` or ``float16`` (``hf`` only; default float32).
+        kv_cells: KV cells per model shared by all sequences (``llama.cpp`` only; default
+            ``n_ctx * n_seq_max``): a server keeps more sequences (parked prefixes, alternative
+            candidates) than full-length ones.
 
     Raises:
         FileNotFoundError, ValueError: bad paths, non-GGUF files, mismatched vocabularies, an unknown
@@ -48,7 +52,7 @@ def load_engine(
     spec = spec or SpecConfig()
     target, draft = model_names(target, draft, spec.method)
     load = _backend_loader(backend, device, dtype, n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=n_threads,
-                           progress=progress)
+                           progress=progress, n_cells=kv_cells)
     if backend == "llama.cpp":  # fetch every missing file first, so one error names them all
         from specdec.models import resolve_models
 
@@ -103,6 +107,7 @@ def _backend_loader(backend: str, device: str | None, dtype: str | None, **kwarg
 
         progress = kwargs.pop("progress")
         return lambda name: LlamaCppBackend(resolve_model(name, progress=progress), **kwargs)
+    kwargs.pop("n_cells")
     if backend == "hf":
         try:
             from specdec.backends.hf import HFBackend

@@ -74,6 +74,15 @@ class Engine:
         """Requests the backends can hold at once (one target and one draft sequence each)."""
         return min(getattr(b, "n_seq_max", 1) for b in (self.target, self.draft) if b is not None)
 
+    def enable_prefix_cache(self, max_sequences: int, max_tokens: int) -> None:
+        """Keep finished requests' KV (target and draft) as prefixes for later requests: up to
+        ``max_sequences`` sequences and ``max_tokens`` tokens per model, least recently used first to go
+        (:class:`~specdec.backends.prefix.PrefixCache`; 0 turns parking off). Running requests are
+        always offered as prefixes."""
+        for backend in (self.target, self.draft):
+            if backend is not None and hasattr(backend, "prefix"):
+                backend.prefix.configure(max_sequences, max_tokens)
+
     def check_spec(self, spec: SpecConfig) -> None:
         """Raise ValueError when ``spec`` cannot run on this engine (a draft method without a draft)."""
         if spec.k and PROPOSERS[spec.method].needs_draft and self.draft is None:

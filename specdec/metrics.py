@@ -49,6 +49,12 @@ class ServerMetrics:
             "shutting_down (HTTP 503). Invalid requests (4xx) are not counted.", ["reason"], registry=r)
         self.prompt_tokens = Counter(
             "specdec_prompt_tokens", "Prompt tokens of admitted requests (chat template included).", registry=r)
+        self.prefix_queries = Counter(
+            "specdec_prefix_cache_queries", "Prompt tokens looked up in the prefix cache (every prefilled "
+            "prompt's tokens; vLLM's prefix_cache_queries). Hit rate = hits / queries.", registry=r)
+        self.prefix_hits = Counter(
+            "specdec_prefix_cache_hits", "Prompt tokens found in the prefix cache: their KV cells were copied "
+            "from a running or finished request instead of being evaluated.", registry=r)
         self.generation_tokens = Counter(
             "specdec_generation_tokens", "Generated tokens delivered to clients (end-of-generation tokens excluded).",
             registry=r)
@@ -112,6 +118,8 @@ class ServerMetrics:
         if n:
             if job.t_last is None:
                 self.ttft.observe(now - job.t_submit)
+                self.prefix_queries.inc(len(job.prompt_ids))
+                self.prefix_hits.inc(job.request.seq.stats.cached_prompt_tokens)
             else:
                 gap = (now - job.t_last) / n
                 for _ in range(n):

@@ -202,6 +202,7 @@ class SequenceState:
             self.noise.forget_before(self.n_generated)
         if self._t_first is None:
             self._t_first = time.perf_counter()
+            self.stats.cached_prompt_tokens = self.target.reused
         outcome = Outcome(plan.proposal, j, len(drafts), result.num_accepted, len(self.context))
         if self.proposer is not None and not plan.proposal.empty:
             self.proposer.observe(outcome)
@@ -227,10 +228,11 @@ class SequenceState:
         self._aux = []
 
     def release(self) -> None:
-        """Free the sequence's KV sequences and its proposer's; safe to call twice."""
+        """Release the sequence's KV sequences and its proposer's (the prefix cache may keep them as
+        donors for later requests: :meth:`SequenceCache.finish`); safe to call twice."""
         self._release_aux()
         if self.target is not None:
-            self.target.free()
+            self.target.finish()
             self.target = None  # type: ignore[assignment]
         if self.proposer is not None:
             self.proposer.close()

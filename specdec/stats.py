@@ -29,6 +29,8 @@ class GenerationStats:
 
     Attributes:
         prompt_tokens: Tokens in the prompt.
+        cached_prompt_tokens: Prompt tokens whose KV cells were copied from another sequence (the prefix
+            cache) instead of being evaluated.
         new_tokens: Tokens generated (an end-of-generation token that ended the output excluded).
         target_calls: Target forward passes after the prefill (one per speculative step).
         proposed: Draft tokens proposed in total.
@@ -43,6 +45,7 @@ class GenerationStats:
     """
 
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
     new_tokens: int = 0
     target_calls: int = 0
     proposed: int = 0

@@ -106,4 +106,4 @@ def no_leaked_sequences(engine: Engine):
     """Assert that every backend sequence is free again after the block (requests may still be
     finishing, so wait a little)."""
     yield
-    wait_until(lambda: not engine.target.sequences and not engine.draft.sequences, 30, "sequences to be freed")
+    wait_until(lambda: not engine.target.busy_sequences and not engine.draft.busy_sequences, 30, "sequences to be freed")

@@ -2,8 +2,8 @@
 
 A backend holds one model and many sequences (one sequence id per request) in one context. It knows
 token ids and logits, never sampling or speculation. :class:`SequenceBook` is the bookkeeping every
-backend shares (ids, lengths, batch validation, rollback of a failed call, retained prefixes); a backend
-file adds only what is its library's own (:meth:`SequenceBook._forward`, :meth:`SequenceBook._drop`,
+backend shares (ids, lengths, batch validation, rollback of a failed call, the prefix cache of
+:mod:`specdec.backends.prefix`); a backend file adds only what is its library's own (:meth:`SequenceBook._forward`, :meth:`SequenceBook._drop`,
 :meth:`SequenceBook._copy`). The KV-cache mirror that rolls a sequence back is
 :class:`specdec.backends.cache.SequenceCache`.
 """
@@ -14,12 +14,19 @@ from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from specdec.backends.prefix import PrefixCache
+
 if TYPE_CHECKING:
     from specdec.backends.cache import SequenceCache
 
 
 class BackendError(RuntimeError):
     """The inference library failed (model load, decode, context overflow)."""
+
+
+class CacheFullError(BackendError):
+    """The library found no room in its KV cache for a batch (raised by ``_forward``; :meth:`SequenceBook.eval`
+    frees parked prefixes and tries once more)."""
 
 
 @runtime_checkable
@@ -101,7 +108,7 @@ class SequenceBook:
         self.closed = False  # set by the backend's close(): every later call raises BackendError
         self._free_ids = list(range(self.n_seq_max))
         self._lengths: dict[int, int] = {}  # seq_id -> tokens in its KV cache
-        self.retained: list[SequenceCache] = []  # prefixes new sequences may start from (see retain)
+        self.prefix = PrefixCache()  # what a new sequence may start from: live, pinned and parked sequences
 
     # -- the library's own calls -----------------------------------------------------------------
     def _forward(self, batch: dict[int, tuple[Sequence[int], int]]) -> dict[int, np.ndarray]:
@@ -129,6 +136,8 @@ class SequenceBook:
         """
         self._check_open()
         if not self._free_ids:
+            self.prefix.evict(1)  # a parked prefix gives way to a running sequence
+        if not self._free_ids:
             raise BackendError(f"all {self.n_seq_max} sequences of {self.name} are in use")
         seq_id = self._free_ids.pop(0)
         self._reset(seq_id)
@@ -150,8 +159,13 @@ class SequenceBook:
 
     @property
     def free_sequences(self) -> int:
-        """Sequences that :meth:`new_sequence` can still reserve."""
-        return len(self._free_ids)
+        """Sequences that :meth:`new_sequence` can still reserve (parked prefixes give way)."""
+        return len(self._free_ids) + len(self.prefix.parked)
+
+    @property
+    def busy_sequences(self) -> tuple[int, ...]:
+        """Ids of the sequences in use by requests or pinned, i.e. not parked by the prefix cache."""
+        return tuple(s for s in sorted(self._lengths) if s not in self.prefix.parked)
 
     def length(self, seq_id: int) -> int:
         """Tokens currently held in the KV cache of ``seq_id``."""
@@ -233,20 +247,24 @@ class SequenceBook:
             if n and not all(0 <= int(t) < self.n_vocab for t in tokens):
                 raise ValueError(f"token ids must lie in 0..{self.n_vocab - 1}")
         before = {s: self._lengths[s] for s in batch}
-        try:
-            return self._forward(batch)
-        except BaseException:
-            # Leave no half-evaluated sequence behind. Dropped unconditionally: a failed library call
-            # may have written cells past a length it never reported. A sequence whose cells cannot be
-            # restored (the library says so) fails its next call until it is truncated to 0 or freed.
-            for s, n in before.items():
-                self._drop(s, n)
-                self._lengths[s] = n
-            raise
+        while True:
+            try:
+                return self._forward(batch)
+            except BaseException as e:
+                # Leave no half-evaluated sequence behind. Dropped unconditionally: a failed library call
+                # may have written cells past a length it never reported. A sequence whose cells cannot
+                # be restored (the library says so) fails its next call until truncated to 0 or freed.
+                for s, n in before.items():
+                    self._drop(s, n)
+                    self._lengths[s] = n
+                parked = [p for p in self.prefix.parked if p not in batch]
+                if not isinstance(e, CacheFullError) or not parked:
+                    raise
+                self.prefix.evict(len(self.prefix.parked))  # room for running sequences first
 
-    # -- retained prefixes -----------------------------------------------------------------------
+    # -- prefixes kept on purpose ----------------------------------------------------------------
     def retain(self, tokens: Sequence[int]) -> "SequenceCache":
-        """Evaluate ``tokens`` into a sequence kept for reuse: a new :class:`SequenceCache` whose first
+        """Evaluate ``tokens`` into a sequence pinned for reuse: a new :class:`SequenceCache` whose first
         tokens match copies their KV cells from it instead of evaluating them (where :meth:`copy_prefix`
         works). Release it with :meth:`release`.
 
@@ -261,10 +279,11 @@ class SequenceBook:
         except BaseException:
             cache.free()
             raise
-        self.retained.append(cache)
+        self.prefix.unregister(cache)
+        self.prefix.pinned.append(cache)
         return cache
 
     def release(self, cache: "SequenceCache") -> None:
-        """Stop offering a retained prefix and free its sequence."""
-        self.retained.remove(cache)
+        """Stop offering a pinned prefix and free its sequence."""
+        self.prefix.pinned.remove(cache)
         cache.free()

@@ -2,9 +2,10 @@
 
 :class:`SequenceCache` mirrors the tokens a backend sequence holds and truncates to the longest common
 prefix before evaluating, so rejected drafts (and the all-accepted case, where the draft model never saw
-its last draft token) are handled by the same few lines. An empty cache starts from a retained prefix
-(:meth:`specdec.backends.base.SequenceBook.retain`) by copying KV cells instead of evaluating them again,
-and :meth:`SequenceCache.fork` copies another cache's prefix (alternative candidates of one step).
+its last draft token) are handled by the same few lines. An empty cache starts from the longest prefix
+another sequence holds (:class:`~specdec.backends.prefix.PrefixCache`: running, pinned or parked
+sequences) by copying KV cells instead of evaluating them again, and :meth:`SequenceCache.fork` copies
+another cache's prefix (alternative candidates of one step).
 This module knows token ids and the Backend protocol, nothing about sampling or speculation.
 """
 
@@ -15,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from specdec.backends.base import Backend
+from specdec.backends.prefix import common_prefix
 
 
 class SequenceCache:
@@ -32,6 +34,10 @@ class SequenceCache:
         self.backend = backend
         self.seq_id = backend.new_sequence() if seq_id is None else seq_id
         self.tokens: list[int] = []
+        self.reused = 0  # tokens copied from another sequence instead of evaluated (prefix cache hit)
+        self._prefix = getattr(backend, "prefix", None)
+        if self._prefix is not None:
+            self._prefix.register(self)
 
     def plan(self, tokens: Sequence[int], n_logits: int) -> list[int]:
         """Roll the cache back so that evaluating the returned tokens makes it hold ``tokens`` exactly
@@ -40,32 +46,22 @@ class SequenceCache:
         This is the single rollback point of the engine. It truncates to the longest common prefix of
         the cache and ``tokens`` -- dropping rejected drafts -- but never past the positions whose
         logits are wanted, which must be evaluated anew. An empty cache first copies the longest
-        matching prefix of a retained sequence (:meth:`SequenceBook.retain`), when there is one.
+        matching prefix another sequence holds (:class:`~specdec.backends.prefix.PrefixCache`).
         """
         assert 1 <= n_logits <= len(tokens), (n_logits, len(tokens))
         limit = min(len(self.tokens), len(tokens) - n_logits)
         # The usual case (the cache holds a prefix of tokens up to limit) in one C-level comparison
         # instead of a Python loop over the whole context; the loop only runs after a real divergence.
-        if self.tokens[:limit] == list(tokens[:limit]):
-            common = limit
-        else:
-            common = _common_prefix(self.tokens, tokens, limit)
+        common = common_prefix(self.tokens, tokens, limit)
         if common < len(self.tokens):
             self.backend.truncate(self.seq_id, common)
             del self.tokens[common:]
-        if not self.tokens and getattr(self.backend, "retained", None):
-            self._copy_retained(tokens, len(tokens) - n_logits)
+        if not self.tokens and self._prefix is not None and len(tokens) - n_logits > 0:
+            donor, n = self._prefix.best(self, tokens, len(tokens) - n_logits)
+            if donor is not None and self.fork(donor, n):
+                self.reused = n
+                self._prefix.reused_tokens += n
         return list(tokens[len(self.tokens):])
-
-    def _copy_retained(self, tokens: Sequence[int], limit: int) -> None:
-        """Start from the retained sequence sharing the longest prefix (at most ``limit``) with ``tokens``."""
-        best, best_n = None, 0
-        for donor in self.backend.retained:
-            n = _common_prefix(donor.tokens, tokens, min(limit, len(donor.tokens)))
-            if n > best_n:
-                best, best_n = donor, n
-        if best is not None:
-            self.fork(best, best_n)
 
     def fork(self, other: "SequenceCache", n_tokens: int) -> bool:
         """Make this cache hold the first ``n_tokens`` of ``other`` (same backend) by copying KV cells.
@@ -92,13 +88,12 @@ class SequenceCache:
 
     def free(self) -> None:
         """Release the sequence in the backend."""
+        if self._prefix is not None:
+            self._prefix.unregister(self)
         self.backend.free_sequence(self.seq_id)
         self.tokens = []
 
-
-def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
-    """Length of the common prefix of ``a`` and ``b``, at most ``limit``."""
-    n = 0
-    while n < limit and a[n] == b[n]:
-        n += 1
-    return n
+    def finish(self) -> None:
+        """The sequence's request is done: park it in the prefix cache when that keeps it, else free it."""
+        if self._prefix is None or not self._prefix.park(self):
+            self.free()

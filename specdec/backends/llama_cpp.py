@@ -24,7 +24,7 @@ from typing import Sequence
 import llama_cpp as lc
 import numpy as np
 
-from specdec.backends.base import BackendError, SequenceBook
+from specdec.backends.base import BackendError, CacheFullError, SequenceBook
 from specdec.backends.chat_template import ChatTemplate
 from specdec.backends.cpu import physical_cores
 from specdec.models import check_gguf
@@ -65,6 +65,9 @@ class LlamaCppBackend(SequenceBook):
         kv_unified: llama.cpp's ``kv_unified`` (see the comment in ``__init__``); default: on when
             ``n_seq_max > 1``. Keyword-only options are for tests and benchmarks.
         flash_attn: Flash attention on/off; ``None`` lets llama.cpp decide (on, on CPU).
+        n_cells: KV cells of the unified cache, shared by all sequences (default ``n_ctx * n_seq_max``; a
+            server with parked prefixes and alternative candidates needs more sequence ids than cells'
+            worth of full-length sequences). Ignored without ``kv_unified``.
         kv_cache_type: ``"f16"`` (llama.cpp's default) or ``"f32"``. With F32 weights,
             ``flash_attn=False`` and ``"f32"``, a prompt evaluated in one call and token by token
             agree to ~1e-5; with the defaults to ~1e-2 (flash attention rounds to f16).
@@ -77,7 +80,7 @@ class LlamaCppBackend(SequenceBook):
 
     def __init__(self, path: str | Path, n_ctx: int = 4096, n_seq_max: int = 8, n_threads: int | None = None,
                  n_batch: int = 512, name: str | None = None, *, kv_unified: bool | None = None,
-                 flash_attn: bool | None = None, kv_cache_type: str = "f16"):
+                 flash_attn: bool | None = None, kv_cache_type: str = "f16", n_cells: int | None = None):
         self._model = self._ctx = None
         path = check_gguf(path)
         if n_ctx < 1 or n_batch < 1:
@@ -111,11 +114,11 @@ class LlamaCppBackend(SequenceBook):
         # With one sequence there is nothing to split, and unified costs ~5% more CPU per decoded token
         # (1.5B target, 1 thread, one sequence: 51.4 vs 48.6 ms, interleaved runs), so it is off then.
         cparams = lc.llama_context_default_params()
-        cparams.n_ctx = n_ctx * n_seq_max
+        self.kv_unified = n_seq_max > 1 if kv_unified is None else kv_unified
+        cparams.n_ctx = max(n_cells or 0, n_ctx) if self.kv_unified and n_cells else n_ctx * n_seq_max
         cparams.n_seq_max = n_seq_max
         cparams.n_batch = cparams.n_ubatch = n_batch
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
-        self.kv_unified = n_seq_max > 1 if kv_unified is None else kv_unified
         cparams.kv_unified = self.kv_unified
         cparams.type_k = cparams.type_v = kv_types[kv_cache_type]
         if flash_attn is not None:
@@ -190,6 +193,8 @@ class LlamaCppBackend(SequenceBook):
             seq_id[i][0] = s
         b.n_tokens = n
         rc = lc.llama_decode(self._ctx, b)
+        if rc == 1:  # llama.cpp: no KV slot for the batch
+            raise CacheFullError(f"llama.cpp's KV cache of {self.name} is full ({n} tokens, sequences {sorted(set(seqs))})")
         if rc != 0:
             raise BackendError(f"llama_decode failed with code {rc} ({n} tokens, sequences {sorted(set(seqs))})")
 

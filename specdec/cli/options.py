@@ -86,13 +86,14 @@ def spec_from_args(args: argparse.Namespace) -> SpecConfig:
                       draft_p_min=args.draft_p_min)
 
 
-def load_engine_from_args(args: argparse.Namespace, spec: SpecConfig, n_seq_max: int = 4):
-    """Load the engine the model options describe (checked first, before anything is downloaded)."""
+def load_engine_from_args(args: argparse.Namespace, spec: SpecConfig, n_seq_max: int = 4, **kwargs):
+    """Load the engine the model options describe (checked first, before anything is downloaded);
+    ``kwargs`` go to :func:`specdec.api.load_engine`."""
     from specdec.api import load_engine
 
     check_model_args(args)
     return load_engine(args.target, args.draft, spec, n_ctx=args.n_ctx, n_seq_max=n_seq_max, n_threads=args.threads,
-                       backend=args.backend, device=args.device, dtype=args.dtype)
+                       backend=args.backend, device=args.device, dtype=args.dtype, **kwargs)
 
 
 def read_prompt(args: argparse.Namespace) -> str:

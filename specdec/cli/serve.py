@@ -23,6 +23,9 @@ def add_parser(sub) -> None:
     s.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt (default: the context)")
     s.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
     s.add_argument("--drain-timeout", type=float, default=120.0, help="seconds to finish requests on SIGTERM")
+    s.add_argument("--prefix-cache-tokens", type=int, default=8192,
+                   help="tokens of finished requests kept per model to serve later requests' shared prefixes "
+                        "(multi-turn chats, system prompts) without prefill (default 8192; 0 = off)")
     s.set_defaults(run=run)
 
 
@@ -33,9 +36,10 @@ def run(args: argparse.Namespace) -> int:
     from specdec.server import ServerConfig, run_server
 
     spec = spec_from_args(args)
-    for name in ("max_concurrency", "max_queue", "max_tokens_limit", "max_prompt_tokens", "max_body_bytes"):
+    for name in ("max_concurrency", "max_queue", "max_tokens_limit", "max_prompt_tokens", "max_body_bytes",
+                 "prefix_cache_tokens"):
         value = getattr(args, name)
-        if value is not None and value < (0 if name == "max_queue" else 1):
+        if value is not None and value < (0 if name in ("max_queue", "prefix_cache_tokens") else 1):
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
@@ -43,11 +47,15 @@ def run(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get("SPECDEC_API_KEY") or None
     if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         print(f"specdec: warning: serving on {args.host} without --api-key", file=sys.stderr)
-    engine = load_engine_from_args(args, spec, n_seq_max=args.max_concurrency)
+    # sequence ids for running requests, their alternative candidates and parked prefixes; KV cells for
+    # full-length running requests plus the prefix cache (parked sequences share cells, ids are cheap)
+    cells = args.n_ctx * args.max_concurrency + args.prefix_cache_tokens
+    engine = load_engine_from_args(args, spec, n_seq_max=min(256, 3 * args.max_concurrency), kv_cells=cells)
     config = ServerConfig(
         model_name=args.served_model_name or engine.name, api_key=api_key,
         max_running=args.max_concurrency, max_waiting=args.max_queue, max_body_bytes=args.max_body_bytes,
         max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens_limit,
+        prefix_cache_tokens=args.prefix_cache_tokens,
     )
     run_server(engine, config, host=args.host, port=args.port, drain_timeout=args.drain_timeout)
     return 0

@@ -106,8 +106,8 @@ class DraftModelProposer:
         """Nothing to do: the next :meth:`propose` rolls the cache back to the committed context."""
 
     def close(self) -> None:
-        """Free the draft sequence."""
-        self.cache.free()
+        """Release the draft sequence (the draft's prefix cache may keep it for later requests)."""
+        self.cache.finish()
 
 
 def _top_probability(logits: np.ndarray) -> float:

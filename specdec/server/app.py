@@ -47,6 +47,8 @@ class ServerConfig:
         max_prompt_tokens: Longest prompt, tokens; ``None``: the context minus one.
         max_tokens: Largest ``max_tokens`` a request may ask for; ``None``: the context.
         max_choices: Most choices (prompts x n) per request.
+        prefix_cache_tokens: Tokens of finished requests kept per model as prefixes for later requests
+            (multi-turn chats, shared system prompts; :meth:`Engine.enable_prefix_cache`); 0 disables it.
     """
 
     model_name: str
@@ -57,6 +59,7 @@ class ServerConfig:
     max_prompt_tokens: int | None = None
     max_tokens: int | None = None
     max_choices: int = 16
+    prefix_cache_tokens: int = 8192
 
 
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 429, 503)}
@@ -69,6 +72,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         ValueError: when the engine's backends hold fewer sequences than ``config.max_running``.
     """
     Scheduler.check_capacity(engine, config.max_running, config.max_waiting)
+    engine.enable_prefix_cache(config.max_running if config.prefix_cache_tokens else 0, config.prefix_cache_tokens)
     limits = serving.Limits(
         max_prompt_tokens=min(config.max_prompt_tokens or engine.n_ctx - 1, engine.n_ctx - 1),
         max_tokens=config.max_tokens or engine.n_ctx, max_choices=config.max_choices,

@@ -95,12 +95,17 @@ class ChatCompletionRequest(_GenerationRequest):
 
 # -- responses -------------------------------------------------------------------------------------
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(0, description="Prompt tokens served from the prefix cache (not evaluated).")
+
+
 class Usage(BaseModel):
     """Token counts: prompt tokens once per prompt, completion tokens summed over choices."""
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
 
 class SpeculativeStats(BaseModel):

@@ -22,7 +22,9 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 from specdec.output import StreamChunk
 from specdec.scheduler import QueueFullError, SchedulerClosedError
 from specdec.server.errors import APIError
-from specdec.server.protocol import ChatCompletionRequest, CompletionRequest, SpeculativeStats, Usage
+from specdec.server.protocol import (
+    ChatCompletionRequest, CompletionRequest, PromptTokensDetails, SpeculativeStats, Usage,
+)
 from specdec.params import SamplingParams, SpecConfig
 from specdec.stats import acceptance_rate, mean_accepted_length
 from specdec.types import GenerationResult
@@ -230,10 +232,14 @@ def speculative_stats(spec: SpecConfig, results: list[GenerationResult]) -> Spec
 
 
 def usage(prompts: list[list[int]], results: list[GenerationResult]) -> Usage:
-    """Prompt tokens once per prompt, completion tokens summed over the choices."""
+    """Prompt tokens once per prompt, completion tokens summed over the choices; cached prompt tokens
+    (OpenAI's ``prompt_tokens_details.cached_tokens``) from the first choice of each prompt."""
     p = sum(len(x) for x in prompts)
     c = sum(len(r.token_ids) for r in results)
-    return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
+    per_prompt = len(results) // max(1, len(prompts))
+    cached = sum(r.stats.cached_prompt_tokens for r in results[::per_prompt]) if per_prompt else 0
+    return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
 
 class Choices:

@@ -155,7 +155,7 @@ def test_failed_decode_rolls_back_every_sequence(tiny_target_path, monkeypatch):
 
     def flaky_decode(ctx, batch):  # the second chunk fails after the first went into the cache
         calls.append(batch.n_tokens)
-        return 1 if len(calls) == 2 else real_decode(ctx, batch)
+        return 2 if len(calls) == 2 else real_decode(ctx, batch)
 
     with tiny_backend(tiny_target_path, n_batch=8) as b:
         a, c = b.new_sequence(), b.new_sequence()
@@ -163,7 +163,7 @@ def test_failed_decode_rolls_back_every_sequence(tiny_target_path, monkeypatch):
         ref = b.eval({a: (tokens(6, seed=1), 1)})[a]
         b.truncate(a, 5)
         monkeypatch.setattr(mod.lc, "llama_decode", flaky_decode)
-        with pytest.raises(BackendError, match="llama_decode failed with code 1"):
+        with pytest.raises(BackendError, match="llama_decode failed with code 2"):
             b.eval({a: (tokens(6, seed=1), 1), c: (tokens(6, seed=2), 1)})
         monkeypatch.setattr(mod.lc, "llama_decode", real_decode)
         assert (b.length(a), b.length(c)) == (5, 0) and calls == [8, 4]

@@ -226,7 +226,10 @@ def test_logprobs_count_the_tokens_delivered(client):
     chunks = list(chat(client, PROMPTS[0], logprobs=True, top_logprobs=2, max_tokens=12, stream=True,
                        stream_options={"include_usage": True}))
     streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
-    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content]
+    # the second request reuses the first one's prompt KV (prefix cache): same tokens, logprobs equal up to
+    # llama.cpp's rounding of a one-token evaluation against the prompt's batched one
+    assert [t.token for t in streamed] == [t.token for t in content]
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in content], abs=1e-4)
     assert len(streamed) == chunks[-1].usage.completion_tokens
     assert b"".join(bytes(t.bytes) for t in content).decode("utf-8", "replace").startswith(
         full.choices[0].message.content[:1])
@@ -262,3 +265,18 @@ def test_seeded_request_is_the_same_alone_under_load_and_with_any_method(client)
         t.join(120)
     assert out["loaded"] == alone
     assert chat(client, PROMPTS[1], **{**kw, "seed": 8}).choices[0].message.content != alone
+
+
+def test_second_turn_is_served_from_the_prefix_cache(server, client):
+    """A conversation's next turn reuses the KV of the previous one (OpenAI's cached_tokens), output unchanged."""
+    messages = [{"role": "user", "content": "Tell me about the quick brown fox."}]
+    first = client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=16)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "And the lazy dog?"}]
+    hits = server.metric("specdec_prefix_cache_hits_total")
+    second = client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=16)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens - 1 and cached < second.usage.prompt_tokens
+    assert server.metric("specdec_prefix_cache_hits_total") - hits == cached
+    again = client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=16)
+    assert again.choices[0].message.content == second.choices[0].message.content

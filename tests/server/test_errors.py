@@ -208,5 +208,5 @@ def test_fuzz_completions_never_5xx(http, body):
 
 
 def test_no_sequences_leaked_after_fuzzing(server, engine, http):
-    wait_until(lambda: not engine.target.sequences and not engine.draft.sequences, what="sequences freed")
+    wait_until(lambda: not engine.target.busy_sequences and not engine.draft.busy_sequences, what="sequences freed")
     assert server.metric("specdec_requests_total", finish_reason="error") == 0

@@ -1,0 +1,119 @@
+"""Prefix caching: a new sequence copies the KV cells of the longest prefix another holds (running, pinned or
+parked), outputs unchanged; parked prefixes are bounded, least recently used first to go, and give way to
+running sequences (ids and KV cells)."""
+
+import numpy as np
+import pytest
+from conftest import tiny_backend
+from fake_lm import TableLM
+from server_helpers import tiny_engine
+
+from specdec.backends.base import CacheFullError
+from specdec.backends.cache import SequenceCache
+from specdec.engine import Engine
+from specdec.params import SamplingParams, SpecConfig
+from specdec.scheduler import Scheduler
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
+
+
+def test_parking_is_bounded_and_lru():
+    lm = TableLM(vocab=40, n_seq_max=6)
+    lm.prefix.configure(max_sequences=2, max_tokens=100)
+    caches = [SequenceCache(lm) for _ in range(4)]
+    for i, c in enumerate(caches):
+        c.score([1, 2, 3, i], 1)
+    caches[0].finish()
+    caches[1].finish()
+    assert list(lm.prefix.parked) == [caches[0].seq_id, caches[1].seq_id]
+    new = SequenceCache(lm)
+    new.plan([1, 2, 3, 0, 9], 1)  # shares 4 tokens with the parked caches[0]: copied, and now most recent
+    assert new.reused == 4 and list(lm.prefix.parked)[-1] == caches[0].seq_id
+    caches[2].finish()  # a third parked sequence: the least recently used (caches[1]) goes
+    assert set(lm.prefix.parked) == {caches[0].seq_id, caches[2].seq_id}
+    assert caches[1].seq_id not in lm.sequences
+    while lm.free_sequences > len(lm.prefix.parked):  # take every free id...
+        SequenceCache(lm)
+    SequenceCache(lm)  # ...then one more: a parked sequence gives way to a running one
+    assert len(lm.prefix.parked) == 1
+    lm.prefix.configure(0, 0)
+    assert not lm.prefix.parked
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_target_path, tiny_draft_path):
+    return tiny_engine(tiny_target_path, tiny_draft_path, n_seq_max=8)
+
+
+@pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=1.0, top_p=0.9, seed=5, max_tokens=24)],
+                         ids=["greedy", "seeded"])
+@pytest.mark.parametrize("method", ["none", "draft", "auto"])
+def test_second_turn_reuses_the_conversation_and_gives_the_same_output(pair, params, method):
+    spec = SpecConfig(method=method, num_speculative_tokens=3)
+    turn1 = pair.encode_prompt("The quick brown fox jumps over the lazy dog.")
+    first = pair.generate(turn1, params, spec)
+    turn2 = turn1 + first.token_ids + pair.encode_prompt(" And then?")
+    uncached = pair.generate(turn2, params, spec)  # nothing parked: prefix caching is off
+    assert uncached.stats.cached_prompt_tokens == 0
+    pair.enable_prefix_cache(4, 4096)
+    try:
+        pair.generate(turn1, params, spec)  # parks turn 1 + its output
+        hits = pair.target.prefix.hits
+        cached = pair.generate(turn2, params, spec)
+    finally:
+        pair.enable_prefix_cache(0, 0)
+    assert cached.stats.cached_prompt_tokens >= len(turn1) and pair.target.prefix.hits > hits
+    assert cached.token_ids == uncached.token_ids
+    if method != "none":  # the draft model's prefix was cached too
+        assert pair.draft.prefix.reused_tokens > 0
+    assert not pair.target.busy_sequences and not pair.draft.busy_sequences
+
+
+def test_a_running_request_is_a_prefix(pair):
+    """A request whose prompt extends a running request's copies that request's cells."""
+    base = pair.encode_prompt("Once upon a time, in a land far away,")
+    sched = Scheduler(pair, max_running=4)
+    try:
+        long = sched.stream(base, GREEDY.replace(max_tokens=60), SpecConfig(method="none"))
+        next(long)
+        chunks = list(sched.stream(base + [7, 8], GREEDY, SpecConfig(method="none")))
+        list(long)
+    finally:
+        sched.close()
+    assert chunks[-1].result.stats.cached_prompt_tokens >= len(base) - 1
+    ref = pair.generate(base + [7, 8], GREEDY, SpecConfig(method="none"))
+    assert chunks[-1].result.token_ids == ref.token_ids
+
+
+def test_full_kv_cache_evicts_parked_prefixes(tiny_target_path):
+    # llama.cpp pads the cache to a multiple of 256 cells: 512 cells, two 300-token sequences do not fit
+    b = tiny_backend(tiny_target_path, n_ctx=384, n_seq_max=4, n_cells=512)
+    try:
+        b.prefix.configure(2, 400)
+        parked = SequenceCache(b)
+        parked.score([(7 * i) % 250 + 3 for i in range(300)], 1)
+        parked.finish()
+        assert b.prefix.parked
+        c = SequenceCache(b)
+        ref = [(11 * i) % 250 + 3 for i in range(300)]
+        logits = c.score(ref, 1)  # the parked sequence must go to make room
+        assert logits.shape == (1, b.n_vocab) and not b.prefix.parked
+        d = SequenceCache(b)
+        with pytest.raises(CacheFullError):  # nothing left to evict: a clear error, nothing corrupted
+            d.score([(13 * i) % 250 + 3 for i in range(300)], 1)
+        assert b.length(d.seq_id) == len(d.tokens) <= 1 and b.length(c.seq_id) == 300  # d: a copied first token
+        np.testing.assert_allclose(c.score(ref + [5], 1), c.score(ref + [5], 1))
+    finally:
+        b.close()
+
+
+def test_check_pins_the_prompt(pair):
+    """``specdec check``'s samples start from the pinned prompt: one token evaluated per sample."""
+    ids = pair.encode_prompt("The capital of France is")
+    donor = pair.target.retain(ids)
+    try:
+        res = pair.generate(ids, GREEDY, SpecConfig(method="none"))
+        assert res.stats.cached_prompt_tokens == len(ids) - 1
+    finally:
+        pair.target.release(donor)
+    assert not pair.target.sequences
