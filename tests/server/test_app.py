@@ -66,7 +66,9 @@ def test_chat_stream_equals_non_stream(engine, client, prompt):
     assert [c.choices[0].finish_reason for c in with_choices][-1] == ref.finish_reason
     assert all(c.choices[0].finish_reason is None for c in with_choices[:-1])
     assert "".join(c.choices[0].delta.content or "" for c in with_choices) == full.choices[0].message.content
-    assert chunks[-1].choices == [] and chunks[-1].usage == full.usage
+    counts = lambda u: (u.prompt_tokens, u.completion_tokens, u.total_tokens)  # noqa: E731
+    assert chunks[-1].choices == [] and counts(chunks[-1].usage) == counts(full.usage)
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0  # the same prompt again: from the prefix cache
     assert all(c.usage is None for c in chunks[:-1])
 
 
