@@ -1,0 +1,43 @@
+"""Nothing a caller passes can hurt the engine: a bad request raises ValueError and reserves nothing
+(no target or draft sequence stays taken), so later requests, and the cached engine of
+``specdec.generate``, keep working (issue 13)."""
+
+import pytest
+
+import specdec
+from specdec.engine import Engine
+from specdec.params import SamplingParams, SpecConfig
+
+
+def free(engine: Engine) -> tuple[int, int]:
+    """Free sequences of the target and the draft backend."""
+    return engine.target.free_sequences, engine.draft.free_sequences
+
+
+@pytest.fixture
+def engine(tiny_target, tiny_draft):
+    return Engine(tiny_target, tiny_draft, SpecConfig(method="draft", num_speculative_tokens=3))
+
+
+@pytest.mark.parametrize("method", ["draft", "auto", "hybrid", "ngram", "none"])
+def test_bad_logit_bias_reserves_nothing(engine, method):
+    """Issue 13, defect 1: the proposer reserved a draft sequence before the logit_bias check, and
+    nobody freed it; n_seq_max bad requests took every later draft request down."""
+    before = free(engine)
+    for _ in range(engine.draft.n_seq_max + 1):
+        with pytest.raises(ValueError, match="logit_bias"):
+            engine.generate("hello", SamplingParams(max_tokens=4, logit_bias={999_999: 1}), SpecConfig(method=method))
+        assert free(engine) == before
+    assert engine.generate("hello", SamplingParams(max_tokens=4), SpecConfig(method=method)).token_ids
+
+
+def test_generate_cached_engine_survives_bad_calls(tiny_target_path, tiny_draft_path):
+    """The module-level ``specdec.generate`` reuses one engine per model pair: bad calls must not
+    poison it (before the fix, the fifth good call failed with "all 4 sequences ... are in use")."""
+    kw = {"target": str(tiny_target_path), "draft": str(tiny_draft_path), "method": "draft", "chat": False,
+          "max_tokens": 4}
+    for _ in range(6):
+        with pytest.raises(ValueError, match="logit_bias"):
+            specdec.generate("hello", logit_bias={999_999: 1}, **kw)
+    for _ in range(6):
+        assert specdec.generate("hello", **kw).token_ids
