@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
+import numbers
 import operator
 from dataclasses import dataclass, field
 
@@ -24,33 +24,82 @@ PLAIN_METHOD = "none"
 """The method name of plain decoding (no proposer)."""
 
 
+MAX_TEMPERATURE = 100.0
+"""Largest ``temperature`` accepted. Above it the distribution is uniform over the kept tokens for every
+practical purpose (a logit gap of 10 changes the odds by 10%), and a nearly flat distribution makes
+top-p sort the whole vocabulary on every row (vLLM sets no bound; OpenAI's is 2)."""
+
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
+"""Accepted ``repetition_penalty``. A logit divided or multiplied by a factor outside it overflows float64
+for extreme values (``1e-308`` made every probability NaN) and means nothing a model can use."""
+
+BOUNDS: dict[str, tuple[float, float, str]] = {
+    "temperature": (0.0, MAX_TEMPERATURE, f"a number in [0, {MAX_TEMPERATURE:g}] (0 = greedy)"),
+    "top_k": (0, float("inf"), "an integer >= 0 (0 = disabled)"),
+    "top_p": (0.0, 1.0, "in (0, 1] (1 = disabled)"),
+    "max_tokens": (1, float("inf"), "an integer >= 1"),
+    "min_p": (0.0, 1.0, "in [0, 1] (0 = disabled)"),
+    "repetition_penalty": (*REPETITION_PENALTY_RANGE, "in [{:g}, {:g}] (1 = disabled)".format(*REPETITION_PENALTY_RANGE)),
+    "presence_penalty": (-2.0, 2.0, "in [-2, 2] (0 = disabled)"),
+    "frequency_penalty": (-2.0, 2.0, "in [-2, 2] (0 = disabled)"),
+    "min_tokens": (0, float("inf"), "an integer >= 0"),
+    "top_logprobs": (0, 20, "an integer in 0..20"),
+    "n": (1, float("inf"), "an integer >= 1"),
+}
+"""``name -> (lowest, highest, what the error message says)`` of every numeric :class:`SamplingParams`
+field (``top_p`` excludes 0); the table in the README repeats it."""
+
+_INTEGERS = frozenset({"top_k", "max_tokens", "min_tokens", "top_logprobs", "n"})
+
+
+def _number(name: str, value, integer: bool = False):
+    """``value`` as an int (``integer``) or a float; ValueError naming ``name`` for anything else
+    (strings, None, non-integral numbers where an integer is needed). Booleans count as 0 and 1."""
+    try:
+        return operator.index(value) if integer else float(operator.index(value) if isinstance(value, bool)
+                                                         else _real(value))
+    except TypeError:
+        kind = "an integer" if integer else "a number"
+        raise ValueError(f"{name} must be {kind}, got {value!r}") from None
+
+
+def _real(value) -> float:
+    if isinstance(value, (str, bytes)) or not isinstance(value, numbers.Real):
+        raise TypeError
+    return float(value)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to turn the target's logits into tokens, and when to stop.
 
     Attributes:
-        temperature: Softmax temperature; ``0`` means greedy (argmax) decoding.
-        top_k: Keep only the ``top_k`` most likely tokens; ``0`` disables the filter.
+        temperature: Softmax temperature in [0, 100] (:data:`MAX_TEMPERATURE`); ``0`` (and anything below
+            :data:`GREEDY_TEMPERATURE`) means greedy (argmax) decoding.
+        top_k: Keep only the ``top_k`` most likely tokens; ``0`` disables the filter (and so does any
+            value >= the vocabulary size).
         top_p: Nucleus sampling: keep the smallest set of tokens whose probability mass is at least
             ``top_p`` (Holtzman et al. 2019); ``1.0`` disables it. Must lie in (0, 1].
-        max_tokens: Largest number of new tokens (end-of-generation tokens excluded); never overshot.
+        max_tokens: Largest number of new tokens (end-of-generation tokens excluded), >= 1; never overshot.
         stop: Stop strings; the output text is cut before the first occurrence of any of them. They
             are honoured even before ``min_tokens`` is reached (vLLM ignores them until then): the
             output never runs past a stop string.
-        seed: Seed of the request's randomness; ``None`` draws fresh entropy. A seeded request is verified
-            drafter-invariantly (``SpecConfig.verify="gumbel"`` unless another verifier is asked for): the
+        seed: Seed of the request's randomness, in 0..2**64-1; ``None`` draws fresh entropy. A seeded
+            request is verified drafter-invariantly (``SpecConfig.verify="gumbel"`` unless another verifier is asked for): the
             same seed gives the same tokens for the same prompt and settings, with or without speculation,
             whatever the method, k, batch or timing (up to llama.cpp's batched-kernel near-ties).
         min_p: Keep tokens whose probability is at least ``min_p`` times the top token's (after
             temperature); ``0`` disables it. In [0, 1].
         repetition_penalty: CTRL-style penalty over prompt AND generated tokens (HF/vLLM): a positive
-            logit is divided by it, a negative one multiplied; ``1`` disables it. Must be > 0.
+            logit is divided by it, a negative one multiplied; ``1`` disables it. In [0.01, 100]
+            (:data:`REPETITION_PENALTY_RANGE`).
         presence_penalty: OpenAI's: ``logit -= presence_penalty`` for every token generated at least
             once (generated tokens only, not the prompt). In [-2, 2].
         frequency_penalty: OpenAI's: ``logit -= frequency_penalty * count`` over generated tokens.
             In [-2, 2].
-        logit_bias: ``{token_id: bias}`` added to the raw logits (OpenAI's); biases in [-100, 100].
-            String keys (JSON) are converted to int.
+        logit_bias: ``{token_id: bias}`` added to the raw logits (OpenAI's); biases in [-100, 100], ids
+            in the model's real vocabulary (checked when the request starts). String keys (JSON) are
+            converted to int.
         min_tokens: End-of-generation tokens are banned until this many tokens are generated (vLLM's);
             ``<= max_tokens``.
         logprobs: Return the log-probability of each generated token. Logprobs are the target model's
@@ -59,14 +108,17 @@ class SamplingParams:
             never changes them.
         top_logprobs: Also return this many most likely tokens per position (0..20; OpenAI's chat
             field); needs ``logprobs``.
-        n: Independent samples per prompt (:meth:`for_sample`; ``Engine.generate_n``).
+        n: Independent samples per prompt, >= 1 (:meth:`for_sample`; ``Engine.generate_n``).
+
+    Every bound is in :data:`BOUNDS` (and the README's table); values past them make the math meaningless
+    or overflow, so they are refused rather than clamped. Numbers given as strings are refused.
 
     Penalties, ``logit_bias`` and ``min_tokens`` also apply to greedy decoding (it takes the argmax of
     the penalized logits). Processing order: min_tokens, logit_bias, repetition, frequency and presence
     penalties, temperature, min-p, top-k, top-p (vLLM v1's).
 
     Raises:
-        ValueError: On any out-of-range value, with a message that says what is allowed.
+        ValueError: On any out-of-range or wrongly typed value, with a message that says what is allowed.
     """
 
     temperature: float = 0.0
@@ -86,50 +138,39 @@ class SamplingParams:
     n: int = 1
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        else:
-            object.__setattr__(self, "stop", tuple(self.stop))
-        if not 0 <= self.temperature < math.inf:  # also rejects NaN
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = disabled), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if any(s == "" for s in self.stop):
-            raise ValueError("stop strings must not be empty")
-        if self.seed is not None:
-            try:
-                seed = operator.index(self.seed)
-            except TypeError:
-                seed = -1
-            if seed < 0:
-                raise ValueError(f"seed must be a non-negative integer or None, got {self.seed!r}")
-            object.__setattr__(self, "seed", int(seed))
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1] (0 = disabled), got {self.min_p}")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0 (1 = disabled), got {self.repetition_penalty}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if not -2 <= getattr(self, name) <= 2:
-                raise ValueError(f"{name} must be in [-2, 2] (0 = disabled), got {getattr(self, name)}")
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         try:
-            bias = {int(t): float(b) for t, b in dict(self.logit_bias).items()}
+            stop = tuple(stop)
+        except TypeError:
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}") from None
+        if not all(isinstance(s, str) and s for s in stop):
+            raise ValueError("stop strings must be non-empty strings")
+        object.__setattr__(self, "stop", stop)
+        for name, (lo, hi, rule) in BOUNDS.items():
+            value = _number(name, getattr(self, name), integer=name in _INTEGERS)
+            if not (lo <= value <= hi) or (name == "top_p" and value == 0):  # also rejects NaN
+                raise ValueError(f"{name} must be {rule}, got {value}")
+            object.__setattr__(self, name, value)
+        if self.seed is not None:
+            seed = _number("seed", self.seed, integer=True)
+            if not 0 <= seed < 2**64:
+                raise ValueError(f"seed must be an integer in 0..2**64-1 or None, got {seed}")
+            object.__setattr__(self, "seed", seed)
+        try:
+            bias = {int(t) if isinstance(t, str) else _number("logit_bias token id", t, integer=True):  # JSON keys
+                    _number("logit_bias value", b) for t, b in dict(self.logit_bias).items()}
         except (TypeError, ValueError):
             raise ValueError("logit_bias must map integer token ids to numbers, e.g. {50256: -100}") from None
         if any(not -100 <= b <= 100 for b in bias.values()):
             raise ValueError("logit_bias values must be in [-100, 100]")
         object.__setattr__(self, "logit_bias", bias)
-        if not 0 <= self.min_tokens <= self.max_tokens:
+        if self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be in 0..max_tokens ({self.max_tokens}), got {self.min_tokens}")
-        if not 0 <= self.top_logprobs <= 20:
-            raise ValueError(f"top_logprobs must be in 0..20, got {self.top_logprobs}")
+        if self.logprobs not in (True, False):
+            raise ValueError(f"logprobs must be True or False, got {self.logprobs!r}")
+        object.__setattr__(self, "logprobs", bool(self.logprobs))
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=True")
-        if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
 
     @property
     def greedy(self) -> bool:

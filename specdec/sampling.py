@@ -37,15 +37,40 @@ def fresh_seed() -> int:
 
 
 def greedy_tokens(logits: np.ndarray) -> np.ndarray:
-    """Argmax per row.
+    """Argmax per row; NaN counts as ``-inf`` (numpy's argmax would pick it).
 
     Args:
         logits: ``[n, V]`` float logits.
 
     Returns:
         ``[n] int64`` token ids; ties go to the lowest id (numpy's argmax rule).
+
+    Raises:
+        NoValidTokenError: when a row has no token above ``-inf``.
     """
-    return np.argmax(logits, axis=-1)
+    x = np.atleast_2d(logits)
+    best = np.argmax(x, axis=-1)
+    top = x[np.arange(len(x)), best]
+    if not np.isfinite(top).all():  # rare: +inf, NaN or an all -inf row; the cheap argmax stands otherwise
+        x = _without_nan(x)
+        best = np.argmax(x, axis=-1)
+        _check_rows(x.max(axis=-1))
+    return best
+
+
+class NoValidTokenError(RuntimeError):
+    """Every token of a row has a NaN or ``-inf`` logit: the model failed (a request's parameters cannot
+    cause it, so this is a server error, not a bad request)."""
+
+
+def _without_nan(x: np.ndarray) -> np.ndarray:
+    """``x`` with NaN replaced by ``-inf`` (a new array)."""
+    return np.where(np.isnan(x), -np.inf, x)
+
+
+def _check_rows(row_max: np.ndarray) -> None:
+    if (row_max == -np.inf).any():
+        raise NoValidTokenError("the model returned no finite logit for a position (NaN or -inf everywhere)")
 
 
 def _top_p_mask_row(probs: np.ndarray, top_p: float) -> np.ndarray:
@@ -83,8 +108,12 @@ def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         ``[n, V] float64`` probabilities, each row summing to 1, zero outside the kept set.
         min-p keeps tokens with ``p >= min_p * max(p)`` (Nguyen et al. 2024, arXiv 2407.01082).
 
+    NaN logits count as ``-inf``; a row with ``+inf`` logits is uniform over them (parameters within
+    :data:`specdec.params.BOUNDS` never overflow, but a model may return them).
+
     Raises:
         ValueError: when called for greedy params.
+        NoValidTokenError: when a row has no token above ``-inf``.
     """
     if params.greedy:
         raise ValueError("probs_from_logits needs temperature > 0; use greedy_tokens for greedy")
@@ -92,6 +121,13 @@ def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     x = (x[None, :] if x.ndim == 1 else x) / params.temperature  # a new array: the input is kept
     v = x.shape[-1]
     xmax = x.max(axis=-1, keepdims=True)
+    if not np.isfinite(xmax).all():  # NaN propagates into the max, so one check covers it
+        x = _without_nan(x)
+        xmax = x.max(axis=-1, keepdims=True)
+        _check_rows(xmax)
+        inf_rows = xmax[:, 0] == np.inf  # exp(inf - inf) is NaN: keep the +inf tokens, uniformly
+        x[inf_rows] = np.where(x[inf_rows] == np.inf, 0.0, -np.inf)
+        xmax[inf_rows] = 0.0
     if params.min_p > 0:
         # p_i >= min_p * p_max  <=>  x_i >= x_max + log(min_p), without a softmax
         x = np.where(x >= xmax + np.log(params.min_p), x, -np.inf)
@@ -236,11 +272,17 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
 
     Returns:
         The sampled token id.
+
+    Raises:
+        NoValidTokenError: when the weights do not have a positive finite sum.
     """
     cdf = np.cumsum(probs)
-    u = rng.random() * cdf[-1]
+    total = cdf[-1]
+    if not 0 < total < np.inf:
+        raise NoValidTokenError(f"cannot sample from weights summing to {total}")
+    u = rng.random() * total
     idx = int(np.searchsorted(cdf, u, side="right"))
-    # u < cdf[-1] always, so idx < V; skip zero-probability ids that float ties could select
+    # u < total always (rounding included), so idx < V; skip zero-probability ids that float ties could select
     while probs[idx] <= 0:
         idx += 1
     return idx

@@ -41,3 +41,20 @@ def test_generate_cached_engine_survives_bad_calls(tiny_target_path, tiny_draft_
             specdec.generate("hello", logit_bias={999_999: 1}, **kw)
     for _ in range(6):
         assert specdec.generate("hello", **kw).token_ids
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(temperature=1.0, repetition_penalty=0.01), dict(temperature=0.0, repetition_penalty=0.01),
+    dict(temperature=1.0, repetition_penalty=100.0), dict(temperature=100.0, top_p=0.5),
+    dict(temperature=1.01e-5, repetition_penalty=0.01, frequency_penalty=-2, presence_penalty=-2),
+    dict(temperature=0.5, min_p=1.0, top_p=1e-300, top_k=1),
+])
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_extreme_accepted_values_generate(kwargs, method):
+    """Defect 4: repetition_penalty=1e-308 overflowed to NaN probabilities and the request died with an
+    IndexError (a 500); values at the new bounds must generate."""
+    from fake_lm import TableLM
+
+    engine = Engine(TableLM(), TableLM(noise=0.3), SpecConfig(method=method, num_speculative_tokens=3))
+    res = engine.generate([1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_tokens=24, seed=0, **kwargs))
+    assert res.finish_reason in ("stop", "length") and all(0 <= t < 40 for t in res.token_ids)

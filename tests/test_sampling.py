@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from specdec.sampling import make_rng, probs_from_logits, sample
+from specdec.sampling import NoValidTokenError, greedy_tokens, make_rng, probs_from_logits, sample
 from specdec.params import SamplingParams
 
 
@@ -97,3 +97,61 @@ def test_denormal_temperature_is_greedy():
     assert SamplingParams(temperature=2.225073858507203e-309).greedy
     assert SamplingParams(temperature=9e-6).greedy
     assert not SamplingParams(temperature=1e-4).greedy
+
+
+# -- issue 13, defect 4: extreme values are refused, and the math never returns NaN ----------------
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(repetition_penalty=1e-308), "repetition_penalty"),  # made every probability NaN (a 500)
+    (dict(repetition_penalty=1e308), "repetition_penalty"),
+    (dict(temperature=1e308, top_p=0.5), "temperature"),  # full-vocabulary sorts on the scheduler thread
+    (dict(temperature=float("inf")), "temperature"),
+    (dict(seed=2**64), "seed"),
+    (dict(top_k=2.5), "top_k"),
+    (dict(temperature="0.7"), "temperature"),
+    (dict(max_tokens=None), "max_tokens"),
+    (dict(logit_bias={"x": 1}), "logit_bias"),
+    (dict(logit_bias={1: float("nan")}), "logit_bias"),
+    (dict(stop=[3]), "stop"),
+    (dict(logprobs="yes"), "logprobs"),
+])
+def test_extreme_or_mistyped_values_refused(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        SamplingParams(**kwargs)
+
+
+def test_bounds_are_inclusive_and_documented():
+    from pathlib import Path
+
+    from specdec.params import BOUNDS
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for name, (lo, hi, rule) in BOUNDS.items():
+        assert f"`{name}`" in readme and rule in readme, f"README's bounds table lacks {name}: {rule}"
+        extra = {"top_logprobs": {"logprobs": True}, "min_tokens": {"max_tokens": 10**9}}.get(name, {})
+        for value in (lo, hi):
+            if value != float("inf") and not (name == "top_p" and value == 0):
+                SamplingParams(**{name: value}, **extra)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_probs_never_nan(bad):
+    """Model logits with NaN or +-inf still give a distribution (NaN counts as -inf, +inf tokens share
+    the mass); only a row with nothing above -inf is an error (the model failed, not the request)."""
+    logits = np.array([[0.0, 1.0, bad, 2.0], [bad, bad, 3.0, bad]])
+    for params in (SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.5, top_k=2, min_p=0.1)):
+        p = probs_from_logits(logits, params)
+        assert np.isfinite(p).all() and np.allclose(p.sum(axis=1), 1)
+        if bad == np.inf:
+            assert p[0, 2] == 1.0 and p[1, 2] == 0 and np.isclose(p[1, [0, 1, 3]].sum(), 1)
+        else:
+            assert p[1, 2] == 1.0
+        assert sample(p[0], make_rng(0)) in ({2} if bad == np.inf else {1, 3})
+    assert greedy_tokens(logits).tolist() == ([2, 0] if bad == np.inf else [3, 2])
+    with pytest.raises(NoValidTokenError):
+        probs_from_logits(np.array([[np.nan, -np.inf]]), SamplingParams(temperature=1.0))
+    with pytest.raises(NoValidTokenError):
+        greedy_tokens(np.array([[np.nan, np.nan]]))
+    with pytest.raises(NoValidTokenError):
+        sample(np.array([0.0, np.nan]), make_rng(0))
+

@@ -13,7 +13,6 @@ nothing about sampling, speculation or which tokens a cache should hold (that is
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import hashlib
 import os
@@ -291,8 +290,10 @@ class LlamaCppBackend(SequenceBook):
         self.close()
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter shutdown the library may be gone
+        try:  # at interpreter shutdown the library (and contextlib) may be gone already
             self.close()
+        except Exception:
+            pass
 
     def __repr__(self) -> str:
         return f"LlamaCppBackend({self.name!r}, n_ctx={self.n_ctx}, n_seq_max={self.n_seq_max})"
