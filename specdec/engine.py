@@ -46,7 +46,10 @@ class Engine:
         n_ctx = min(target.n_ctx, draft.n_ctx) if draft is not None else target.n_ctx
         # The real vocabulary, shared by target and draft (checked above); see ModelInfo.vocab_size.
         vocab_size = min(target.n_vocab, target.vocab_fingerprint()[0])
-        self.info = ModelInfo(vocab_size=vocab_size, n_ctx=n_ctx, eog_ids=frozenset(target.eog_ids))
+        # An end-of-generation id among the padding rows can never be sampled (its row is sliced off),
+        # and masking it (min_tokens) would index past the sliced logits.
+        eog_ids = frozenset(i for i in target.eog_ids if i < vocab_size)
+        self.info = ModelInfo(vocab_size=vocab_size, n_ctx=n_ctx, eog_ids=eog_ids)
 
     # -- facts ---------------------------------------------------------------------------------
     @property

@@ -20,6 +20,10 @@ GREEDY_TEMPERATURE = 1e-5
 MAX_SPECULATIVE_TOKENS = 64
 """Largest ``num_speculative_tokens`` accepted; beyond this the target's scoring cost dwarfs any gain."""
 
+MAX_NGRAM = 32
+"""Longest n-gram prompt lookup matches (``SpecConfig.ngram_max``): its index stores every n-gram up to it
+for every token, so an unbounded value exhausts memory; matches that long are rare anyway."""
+
 PLAIN_METHOD = "none"
 """The method name of plain decoding (no proposer)."""
 
@@ -214,7 +218,8 @@ class SpecConfig:
             cap for hybrid/auto); ``None``: the method's registered default (:func:`default_k`).
         draft_p_min: Draft early stop (llama.cpp's ``--draft-p-min``): the draft model stops drafting
             when its top probability falls below this; 0 disables it.
-        ngram_max: Longest suffix n-gram the prompt-lookup proposer tries to match.
+        ngram_max: Longest suffix n-gram the prompt-lookup proposer tries to match (at most
+            :data:`MAX_NGRAM`).
         ngram_min: Shortest suffix n-gram the prompt-lookup proposer tries to match.
         verify: The verifier of sampled requests, a sampling entry of :data:`specdec.verify.VERIFIERS`:
             ``"block"`` (block verification, Sun et al. 2024, arXiv 2403.10444), ``"token"``
@@ -242,6 +247,8 @@ class SpecConfig:
             raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(methods)}")
         if self.num_speculative_tokens is None:
             object.__setattr__(self, "num_speculative_tokens", default_k(self.method))
+        for name in ("num_speculative_tokens", "ngram_min", "ngram_max", "draft_p_min"):
+            object.__setattr__(self, name, _number(name, getattr(self, name), integer=name != "draft_p_min"))
         if not 0 <= self.draft_p_min < 1:
             raise ValueError(f"draft_p_min must be in [0, 1), got {self.draft_p_min}")
         verifiers = verifier_names()
@@ -250,8 +257,8 @@ class SpecConfig:
         k = self.num_speculative_tokens
         if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"num_speculative_tokens must be in 0..{MAX_SPECULATIVE_TOKENS}, got {k}")
-        if not 1 <= self.ngram_min <= self.ngram_max:
-            raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
+        if not 1 <= self.ngram_min <= self.ngram_max <= MAX_NGRAM:
+            raise ValueError(f"need 1 <= ngram_min <= ngram_max <= {MAX_NGRAM}, got {self.ngram_min}, {self.ngram_max}")
 
     @property
     def k(self) -> int:

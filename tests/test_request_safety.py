@@ -58,3 +58,56 @@ def test_extreme_accepted_values_generate(kwargs, method):
     engine = Engine(TableLM(), TableLM(noise=0.3), SpecConfig(method=method, num_speculative_tokens=3))
     res = engine.generate([1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_tokens=24, seed=0, **kwargs))
     assert res.finish_reason in ("stop", "length") and all(0 <= t < 40 for t in res.token_ids)
+
+
+# -- padding rows (issue 13, defect 3) -------------------------------------------------------------
+
+PAD = 20
+
+
+@pytest.fixture(scope="module")
+def padded_paths(tmp_path_factory):
+    """Tiny target and draft with 20 padding rows after the control tokens (as in Qwen's GGUFs), and a
+    target with them before the control tokens."""
+    from tiny_gguf import write_tiny_qwen2_gguf
+
+    d = tmp_path_factory.mktemp("padded")
+    return (write_tiny_qwen2_gguf(d / "target.gguf", seed=0, pad_vocab=PAD),
+            write_tiny_qwen2_gguf(d / "draft.gguf", seed=1, n_layer=1, pad_vocab=PAD),
+            write_tiny_qwen2_gguf(d / "inside.gguf", seed=0, pad_vocab=PAD, pad_inside=True))
+
+
+@pytest.fixture(scope="module")
+def padded_engine(padded_paths):
+    from conftest import tiny_backend
+
+    target, draft = (tiny_backend(p, n_seq_max=2) for p in padded_paths[:2])
+    return Engine(target, draft, SpecConfig(method="draft", num_speculative_tokens=3))
+
+
+def test_padding_ids_refused_everywhere(padded_engine):
+    """A prompt id or logit_bias id in the padding rows is a ValueError (a 400), never a crash: the
+    n-gram proposer used to propose a padding id from the prompt and verification raised IndexError."""
+    e = padded_engine
+    assert e.target.n_vocab == e.vocab_size + PAD
+    pad = e.vocab_size + 3
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        e.generate([5, pad, 6, pad], SamplingParams(max_tokens=4), SpecConfig(method="ngram"))
+    with pytest.raises(ValueError, match="logit_bias"):
+        e.generate("hello", SamplingParams(max_tokens=4, logit_bias={pad: 5}))
+    assert e.target.free_sequences == e.target.n_seq_max and e.draft.free_sequences == e.draft.n_seq_max
+
+
+def test_padding_inside_the_vocabulary_cuts_no_real_id(padded_paths):
+    """``vocab_size`` counted real tokens, assuming padding at the end; with padding before the control
+    tokens it cut off the end-of-generation ids, and min_tokens raised IndexError. It is now one past
+    the highest real id; the padding inside stays ordinary tokens."""
+    from conftest import tiny_backend
+
+    backend = tiny_backend(padded_paths[2], n_seq_max=1)
+    engine = Engine(backend)
+    assert engine.vocab_size == backend.n_vocab and engine.info.eog_ids == backend.eog_ids
+    assert min(backend.eog_ids) > 283
+    eog = max(backend.eog_ids)
+    res = engine.generate("hello", SamplingParams(max_tokens=5, min_tokens=2, logit_bias={eog: 100}))
+    assert res.finish_reason == "stop" and len(res.token_ids) == 2

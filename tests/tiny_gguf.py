@@ -51,22 +51,31 @@ def bytes_to_unicode() -> list[str]:
     return [chr(c) for c in cs]
 
 
-def tiny_vocab(extra_vocab: int = 0) -> tuple[list[str], list[int], list[str]]:
+def tiny_vocab(extra_vocab: int = 0, pad_vocab: int = 0, pad_inside: bool = False) -> tuple[list[str], list[int], list[str]]:
     """The tiny models' vocabulary.
 
     Args:
         extra_vocab: Extra normal tokens appended before the control tokens.
+        pad_vocab: Padding tokens (``[PADi]``, gguf type unused) appended after the control tokens, as
+            Qwen's GGUFs have them (151,665 real tokens in 151,936 rows).
+        pad_inside: Put the padding tokens before the control tokens instead (real ids after padding).
 
     Returns:
-        ``(tokens, token_types, merges)``: token texts, gguf token types (1 normal, 3 control) and the
-        BPE merges.
+        ``(tokens, token_types, merges)``: token texts, gguf token types (1 normal, 3 control, 5 unused)
+        and the BPE merges.
     """
     tokens = bytes_to_unicode()
     tokens += [a + b for a, b in (m.split(" ") for m in MERGES)]
     tokens += [f"<x{i}>" for i in range(extra_vocab)]
     assert len(set(tokens)) == len(tokens)
-    types = [gguf.TokenType.NORMAL] * len(tokens) + [gguf.TokenType.CONTROL] * len(CONTROL_TOKENS)
-    return tokens + list(CONTROL_TOKENS), [int(t) for t in types], list(MERGES)
+    types = [gguf.TokenType.NORMAL] * len(tokens)
+    pads, pad_types = [f"[PAD{i}]" for i in range(pad_vocab)], [gguf.TokenType.UNUSED] * pad_vocab
+    control, control_types = list(CONTROL_TOKENS), [gguf.TokenType.CONTROL] * len(CONTROL_TOKENS)
+    if pad_inside:
+        tokens, types = tokens + pads + control, types + pad_types + control_types
+    else:
+        tokens, types = tokens + control + pads, types + control_types + pad_types
+    return tokens, [int(t) for t in types], list(MERGES)
 
 
 def write_tiny_qwen2_gguf(
@@ -80,6 +89,8 @@ def write_tiny_qwen2_gguf(
     n_ff: int = 128,
     n_ctx: int = 512,
     extra_vocab: int = 0,
+    pad_vocab: int = 0,
+    pad_inside: bool = False,
     chat_template: bool = True,
     scale: float = 2.5,
     perturb: float = 0.0,
@@ -97,6 +108,7 @@ def write_tiny_qwen2_gguf(
         n_ff: Feed-forward size.
         n_ctx: Training context length written to the metadata.
         extra_vocab: Extra normal tokens (to build a model whose vocabulary differs).
+        pad_vocab, pad_inside: Padding rows, see :func:`tiny_vocab`.
         chat_template: Whether to store a ChatML chat template.
         scale: Standard deviation of the output logits. The default gives next-token distributions
             whose top probability is mostly between 0.05 and 0.6 (median ~0.25): spread enough for
@@ -112,7 +124,7 @@ def write_tiny_qwen2_gguf(
     """
     assert n_embd % n_head == 0 and n_head % n_head_kv == 0, (n_embd, n_head, n_head_kv)
     path = Path(path)
-    tokens, types, merges = tiny_vocab(extra_vocab)
+    tokens, types, merges = tiny_vocab(extra_vocab, pad_vocab, pad_inside)
     n_vocab = len(tokens)
     eos = tokens.index("<|endoftext|>")
     n_embd_kv = n_embd // n_head * n_head_kv

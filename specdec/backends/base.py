@@ -87,8 +87,14 @@ class Backend(Protocol):
         """
 
     def vocab_fingerprint(self) -> tuple[int, str]:
-        """``(n_real_tokens, digest)`` over every token's bytes and the special ids, for comparing the
-        vocabularies of a draft and a target model."""
+        """``(vocab_size, digest)``: one past the highest id of a real (not padding) token, and a digest
+        over every real token's id and bytes and the special ids, for comparing the vocabularies of a
+        draft and a target model.
+
+        Logit rows from ``vocab_size`` on are padding and are sliced off. Padding ids below it (a
+        vocabulary whose unused tokens do not all sit at its end) stay ordinary tokens, so that no real
+        id is ever cut off: counting real tokens instead would cut off the ids after the padding, the
+        end-of-generation tokens among them."""
 
 
 class SequenceBook:

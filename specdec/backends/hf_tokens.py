@@ -105,15 +105,16 @@ class TokenTexts:
         return bytes([int(m.group(1), 16)]) if m else token.replace("\u2581", " ").encode("utf-8")
 
     def vocab_fingerprint(self) -> tuple[int, str]:
-        """``(n_real_tokens, sha256 hex)`` of the vocabulary, for matching a draft to a target.
+        """``(vocab_size, sha256 hex)`` of the vocabulary, for matching a draft to a target.
 
         Real tokens are the tokenizer's ids below ``n_vocab`` that are not padding (the logits' extra
         rows past the tokenizer, e.g. 151,936 or 152,064 rows for Qwen's 151,665 tokens, and a
         dequantized GGUF's ``[PAD...]`` tokens), so models that differ only in padding match. The
-        digest covers each real token's id and stored text and the eos/bos/pad ids.
+        digest covers each real token's id and stored text and the eos/bos/pad ids. ``vocab_size`` is
+        one past the highest real id (see :meth:`specdec.backends.base.Backend.vocab_fingerprint`).
         """
         if self._fingerprint is None:
-            h, n_real = hashlib.sha256(), 0
+            h, end = hashlib.sha256(), 0
             n = min(self.n_vocab, len(self.tokenizer))
             texts = self.tokenizer.convert_ids_to_tokens(list(range(n)))
             for i, text in enumerate(texts):
@@ -122,9 +123,9 @@ class TokenTexts:
                 data = text.encode("utf-8")
                 h.update(struct.pack("<ii", i, len(data)))
                 h.update(data)
-                n_real += 1
+                end = i + 1
             tok = self.tokenizer
             specials = [tok.eos_token_id, tok.bos_token_id, tok.pad_token_id]
             h.update(struct.pack("<3i", *(-1 if x is None else int(x) for x in specials)))
-            self._fingerprint = (n_real, h.hexdigest())
+            self._fingerprint = (end, h.hexdigest())
         return self._fingerprint

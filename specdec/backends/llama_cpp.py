@@ -228,14 +228,15 @@ class LlamaCppBackend(SequenceBook):
         return piece
 
     def vocab_fingerprint(self) -> tuple[int, str]:
-        """``(n_real_tokens, sha256 hex)`` of the vocabulary, for matching a draft to a target.
+        """``(vocab_size, sha256 hex)`` of the vocabulary, for matching a draft to a target.
 
         Real tokens are those not marked unused (padding rows such as Qwen's ``[PAD151646]`` are
         left out, so models that differ only in padding match). The digest covers each real
         token's id and stored text (``llama_vocab_get_text``, control tokens included) and the
-        eos and bos ids. About 0.1 s for a 152k-token vocabulary.
+        eos and bos ids; ``vocab_size`` is one past the highest real id (see
+        :meth:`specdec.backends.base.Backend.vocab_fingerprint`). About 0.1 s for a 152k-token vocabulary.
         """
-        h, n_real = hashlib.sha256(), 0
+        h, end = hashlib.sha256(), 0
         get_text, get_attr, vocab = lc.llama_vocab_get_text, lc.llama_vocab_get_attr, self._vocab
         for i in range(self.n_vocab):
             if get_attr(vocab, i) & lc.LLAMA_TOKEN_ATTR_UNUSED:
@@ -243,9 +244,9 @@ class LlamaCppBackend(SequenceBook):
             text = get_text(vocab, i) or b""
             h.update(struct.pack("<ii", i, len(text)))
             h.update(text)
-            n_real += 1
+            end = i + 1
         h.update(struct.pack("<ii", lc.llama_vocab_eos(vocab), lc.llama_vocab_bos(vocab)))
-        return n_real, h.hexdigest()
+        return end, h.hexdigest()
 
     # -- chat template -------------------------------------------------------------------------
 

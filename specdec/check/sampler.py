@@ -52,9 +52,10 @@ def target_next_dist(engine, prompt_ids: Sequence[int], params: SamplingParams, 
             row = cache.score(prompt + batch, len(batch))[len(prefix) - 1 : len(prefix)]
         else:
             row = root
-        state = SamplingState(params, prompt, engine.target.n_vocab, engine.target.eog_ids)
+        # the engine's p: padding rows sliced off (they are never sampled), its end-of-generation ids
+        state = SamplingState(params, prompt, engine.vocab_size, engine.info.eog_ids)
         state.extend(prefix)
-        return state.probs(row)[0]
+        return state.probs(row[:, : engine.vocab_size])[0]
 
     next_dist.close = cache.free  # type: ignore[attr-defined]
     return next_dist
@@ -188,7 +189,7 @@ def run_check(engine, prompt_ids: Sequence[int], params: SamplingParams, spec: S
     validate_check(params, spec, n_samples, depth, alpha)
     next_dist = target_next_dist(engine, prompt_ids, params, spec.k)
     try:
-        table = exact_cells(next_dist, depth, n_samples, engine.target.eog_ids)
+        table = exact_cells(next_dist, depth, n_samples, engine.info.eog_ids)
     finally:
         next_dist.close()  # type: ignore[attr-defined]
     seqs, stats = sample_prefixes(engine, prompt_ids, params, spec, n_samples, depth, progress)

@@ -56,7 +56,8 @@ class DraftModelProposer:
         """The request's processing state, synced to ``context`` (prompt + committed tokens)."""
         if self._state is None or self._state.params != params:
             prompt = self._prompt if list(context[: len(self._prompt)]) == self._prompt else list(context)
-            self._state = SamplingState(params, prompt, self.vocab_size, self.cache.backend.eog_ids)
+            eog = [i for i in self.cache.backend.eog_ids if i < self.vocab_size]  # padding rows are sliced off
+            self._state = SamplingState(params, prompt, self.vocab_size, eog)
         self._state.sync(context)
         return self._state
 

@@ -448,3 +448,17 @@ def test_hf_peer_benchmark_smoke(tmp_path, hf_tiny_target, hf_tiny_draft, capsys
     assert {r["method"] for r in records} == methods and len(records) == 3 * len(methods)
     plain = {r["prompt"]: r["token_ids"] for r in records if r["method"] == "hf_plain"}
     assert all(r["token_ids"] == plain[r["prompt"]] for r in records)
+
+
+def test_padding_inside_the_vocabulary_cuts_no_real_id(hf_tiny_target, tokenizer):
+    """Issue 13, defect 3: ``vocab_size`` counted real tokens, assuming padding sits at the end; padding
+    ids inside the vocabulary then cut the last real ids (the end-of-generation tokens among them) off.
+    It is now one past the highest real id, the padding inside staying ordinary tokens."""
+    n = len(tokenizer)
+    inside = HFBackend(hf_tiny_target.model, tokenizer, n_ctx=64, name="inside", unused_token_ids=[10, 11, 12])
+    assert inside.vocab_fingerprint()[0] == n
+    engine = Engine(inside)
+    assert engine.vocab_size == n and engine.info.eog_ids == inside.eog_ids
+    eog = max(inside.eog_ids)
+    res = engine.generate(PROMPT, SamplingParams(max_tokens=5, min_tokens=2, logit_bias={eog: 100}))
+    assert res.finish_reason == "stop" and len(res.token_ids) == 2

@@ -30,3 +30,26 @@ def test_bad_logit_bias_leaks_no_draft_sequence(server, engine):
         for _ in range(engine.draft.n_seq_max + 1):
             r = httpx.post(f"{server.url}/completions", json=good, timeout=60)
             assert r.status_code == 200, r.text
+
+
+def test_padding_token_ids_get_400(tmp_path):
+    """Defect 3: prompt ids in the padding rows (past the real vocabulary, within the logits' rows)
+    passed the range check and crashed the request with a 500 once a proposer drafted one."""
+    from conftest import tiny_backend
+    from tiny_gguf import write_tiny_qwen2_gguf
+
+    from specdec.engine import Engine
+    from specdec.params import SpecConfig
+
+    target = tiny_backend(write_tiny_qwen2_gguf(tmp_path / "t.gguf", pad_vocab=20), n_seq_max=2)
+    engine = Engine(target, None, SpecConfig(method="ngram", num_speculative_tokens=4))
+    pad = target.n_vocab - 5
+    bodies = [{"prompt": [5, pad, 6, 7, 5, pad, 6]}, {"prompt": [[1, 2], [3, pad]]},
+              {"prompt": "hi", "logit_bias": {str(pad): 3}}]
+    with LiveServer(engine, max_running=2) as srv:
+        for body in bodies:
+            r = httpx.post(f"{srv.url}/completions", json={"max_tokens": 8, **body}, timeout=60)
+            assert r.status_code == 400 and "vocabulary" in r.json()["error"]["message"], r.text
+        r = httpx.post(f"{srv.url}/completions", json={"max_tokens": 8, "prompt": [5, 6, 7, 5, 6]}, timeout=60)
+        assert r.status_code == 200, r.text
+    assert not target.sequences
