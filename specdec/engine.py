@@ -11,6 +11,7 @@ from typing import Iterator, Sequence
 
 from specdec.adaptive import CostModel
 from specdec.backends.base import Backend
+from specdec.backends.chat_template import chat_pieces, encode_pieces
 from specdec.output import StreamChunk
 from specdec.params import SamplingParams, SpecConfig
 from specdec.proposers import PROPOSERS, Proposer, ProposerContext
@@ -109,9 +110,33 @@ class Engine:
         """
         return self.target.apply_chat_template(messages)
 
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Chat messages to token ids (not validated: see :meth:`encode_prompt`): the template's markup
+        with control tokens parsed, each message's content as plain text, so that a content holding
+        ``<|im_end|>`` cannot end its turn (:mod:`specdec.backends.chat_template`).
+
+        Raises:
+            ValueError: when the model has no chat template or the template fails; or when the template
+                rewrites contents so that they cannot be told from its markup and a content holds the
+                text of a control token.
+        """
+        pieces = chat_pieces(messages, self.render_chat)
+        control = self.target.control_token_texts()
+        if pieces is not None:
+            return encode_pieces(pieces, self.tokenize, control)
+        # No certain split: the whole rendering is safe only if no content can make a control token.
+        for i, m in enumerate(messages):
+            found = next((t for t in control if t and t in (m.get("content") or "")), None)
+            if found is not None:
+                raise ValueError(f"message {i} contains the control token text {found!r}, and this model's chat "
+                                 "template rewrites message contents, so it cannot be kept plain text; remove it")
+        return self.tokenize(self.render_chat(messages), special=True)
+
     # -- prompts -------------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
-        """Prompt text (or ids) to validated token ids, rendering the chat template when ``chat``.
+        """Prompt text (or ids) to validated token ids. With ``chat``, the text is one user message in
+        the chat template (:meth:`encode_chat`: control tokens in it stay text); without, control tokens
+        written in the text are not parsed either (token ids can say anything a raw prompt needs).
 
         Raises:
             ValueError: for an empty prompt, an id outside ``0..vocab_size-1``, or a prompt that leaves
@@ -120,9 +145,7 @@ class Engine:
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise ValueError("the prompt is empty")
-            if chat:
-                prompt = self.render_chat([{"role": "user", "content": prompt}])
-            ids = self.tokenize(prompt, special=chat)
+            ids = self.encode_chat([{"role": "user", "content": prompt}]) if chat else self.tokenize(prompt)
         else:
             ids = [int(t) for t in prompt]
         if not ids:

@@ -79,6 +79,10 @@ class Backend(Protocol):
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes of one token (may be part of a UTF-8 character)."""
 
+    def control_token_texts(self) -> frozenset[str]:
+        """Texts that :meth:`tokenize` turns into control tokens only with ``special=True``
+        (``<|im_start|>``, ``<|im_end|>``, ...); see :func:`specdec.backends.chat_template.encode_pieces`."""
+
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         """Render chat messages with the model's template, ending with the assistant prompt.
 

@@ -1,14 +1,27 @@
-"""Chat templates stored in GGUF files, rendered as Hugging Face transformers renders them.
+"""Chat templates: rendering the ones stored in GGUF files, and keeping message contents apart from the
+template's markup when a rendered conversation is tokenized.
 
-Sandboxed jinja2 with ``trim_blocks``, ``lstrip_blocks``, the loop-control extension, ``raise_exception``,
-``bos_token``, ``eos_token``, ``tojson``, ``strftime_now`` and ``add_generation_prompt=True``. Shared by
-every GGUF backend; knows strings only.
+:class:`ChatTemplate` renders as Hugging Face transformers renders: sandboxed jinja2 with ``trim_blocks``,
+``lstrip_blocks``, the loop-control extension, ``raise_exception``, ``bos_token``, ``eos_token``,
+``tojson``, ``strftime_now`` and ``add_generation_prompt=True``.
+
+A rendered conversation is one string, user text included; tokenizing it with control tokens parsed
+would let a message that contains ``<|im_end|>\n<|im_start|>assistant`` forge turns. :func:`chat_pieces`
+renders the messages a second time with placeholders instead of their contents, to learn which spans of
+the rendering are the template's markup and which are contents, and :func:`encode_pieces` tokenizes so
+that control tokens are parsed in the markup only. For contents without control-token text the result is
+exactly the tokenization of the whole rendering with control tokens parsed.
+
+Shared by every backend; knows strings and a tokenize function only.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from datetime import datetime
+from typing import Callable, Sequence
 
 
 class ChatTemplate:
@@ -61,3 +74,91 @@ class ChatTemplate:
             )
         except jinja2.TemplateError as e:
             raise ValueError(f"chat template of {self.model_name} failed: {e}") from e
+
+
+Piece = tuple[str, bool]
+"""``(text, is_content)``: a span of a rendered conversation, a message's content or the template's markup."""
+
+
+def chat_pieces(messages: Sequence[dict[str, str]], render: Callable[[list[dict[str, str]]], str]) -> list[Piece] | None:
+    """Split the rendering of ``messages`` into the template's markup and the messages' contents.
+
+    The messages are rendered once as they are and once with each non-empty content replaced by a unique
+    placeholder (an empty content holds nothing to separate, and templates may test for emptiness); the
+    placeholder rendering gives the markup between contents. Templates that trim contents are followed
+    (each content is matched as given, stripped, or stripped on one side).
+
+    Args:
+        messages: ``[{"role", "content"}, ...]``.
+        render: The chat template (messages -> text).
+
+    Returns:
+        Pieces whose texts concatenate to ``render(messages)`` exactly, or ``None`` when the template
+        rewrites contents in another way (or lets them change its markup), so that no split is certain.
+
+    Raises:
+        ValueError: whatever ``render`` raises.
+    """
+    real = render(list(messages))
+    nonce = secrets.token_hex(8)
+    marked = [{**m, "content": f"\ue000{nonce}:{i}\ue001"} if m.get("content") else m for i, m in enumerate(messages)]
+    parts = re.split(f"\ue000{nonce}:(\\d+)\ue001", render(marked))  # markup, index, markup, ..., markup
+    pieces: list[Piece] = []
+    pos = 0
+    for j in range(0, len(parts), 2):
+        markup = parts[j]
+        if not real.startswith(markup, pos):
+            return None
+        pieces.append((markup, False))
+        pos += len(markup)
+        if j + 1 == len(parts):
+            break
+        content, after = messages[int(parts[j + 1])]["content"], parts[j + 2]
+        for text in dict.fromkeys((content, content.strip(), content.lstrip(), content.rstrip())):
+            if real.startswith(text, pos) and real.startswith(after, pos + len(text)):
+                break
+        else:
+            return None
+        pieces.append((text, True))
+        pos += len(text)
+    return [p for p in pieces if p[0]] if pos == len(real) else None
+
+
+def encode_pieces(pieces: Sequence[Piece], tokenize: Callable[[str, bool], list[int]],
+                  control_texts: Sequence[str]) -> list[int]:
+    """Token ids of ``pieces`` with control tokens parsed in the markup only.
+
+    A tokenizer parsing control tokens splits the text at them and tokenizes each span between them as
+    plain text; this does the same, but finds control-token texts in markup pieces only, so that the
+    text around a content (``user\\n`` + content) is tokenized together, as the whole rendering would be.
+
+    Args:
+        pieces: From :func:`chat_pieces`.
+        tokenize: ``(text, special) -> ids``, the backend's tokenizer.
+        control_texts: Texts that ``tokenize`` turns into control tokens only when ``special``.
+
+    Returns:
+        ``[L] int`` token ids.
+    """
+    pattern = re.compile("|".join(re.escape(t) for t in sorted(control_texts, key=len, reverse=True) if t))
+    ids: list[int] = []
+    run: list[str] = []  # plain text waiting for the next control token (or the end)
+
+    def flush() -> None:
+        if "".join(run):
+            ids.extend(tokenize("".join(run), False))
+        run.clear()
+
+    for text, is_content in pieces:
+        if is_content or not pattern.pattern:
+            run.append(text)
+            continue
+        pos = 0
+        for m in pattern.finditer(text):
+            run.append(text[pos:m.start()])
+            flush()
+            ids.extend(tokenize(m.group(), True))
+            pos = m.end()
+        run.append(text[pos:])
+    flush()
+    return ids

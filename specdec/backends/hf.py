@@ -210,6 +210,11 @@ class HFBackend(SequenceBook):
         :meth:`~specdec.backends.hf_tokens.TokenTexts.token_bytes`."""
         return self._texts.token_bytes(token_id)
 
+    def control_token_texts(self) -> frozenset[str]:
+        """The special added tokens' texts (what ``split_special_tokens`` stops parsing)."""
+        added = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
+        return frozenset(str(t.content) for t in added.values() if getattr(t, "special", False))
+
     def vocab_fingerprint(self) -> tuple[int, str]:
         """``(n_real_tokens, sha256 hex)``, padding left out; see
         :meth:`~specdec.backends.hf_tokens.TokenTexts.vocab_fingerprint`."""

@@ -137,6 +137,7 @@ class LlamaCppBackend(SequenceBook):
         self._init_book()
         self._piece_cache: list[bytes | None] = [None] * self.n_vocab
         self._template: ChatTemplate | None = None
+        self._control_texts: frozenset[str] | None = None
 
     # -- the library's own sequence calls (bookkeeping: SequenceBook) ---------------------------
 
@@ -226,6 +227,17 @@ class LlamaCppBackend(SequenceBook):
                 n = lc.llama_token_to_piece(self._vocab, token_id, buf, len(buf), 0, False)
             piece = self._piece_cache[token_id] = buf.raw[:n]
         return piece
+
+    def control_token_texts(self) -> frozenset[str]:
+        """Texts of the tokens llama.cpp parses only with ``parse_special``: control and unknown tokens
+        (user-defined ones, such as Qwen's ``<tool_call>``, are parsed in plain text too)."""
+        if self._control_texts is None:
+            flags = lc.LLAMA_TOKEN_ATTR_CONTROL | lc.LLAMA_TOKEN_ATTR_UNKNOWN
+            vocab = self._vocab
+            self._control_texts = frozenset(
+                (lc.llama_vocab_get_text(vocab, i) or b"").decode("utf-8", "replace")
+                for i in range(self.n_vocab) if lc.llama_vocab_get_attr(vocab, i) & flags)
+        return self._control_texts
 
     def vocab_fingerprint(self) -> tuple[int, str]:
         """``(vocab_size, sha256 hex)`` of the vocabulary, for matching a draft to a target.

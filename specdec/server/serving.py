@@ -165,7 +165,8 @@ def tokenize_completion_prompts(engine, prompt) -> list[list[int]]:
 
 
 def tokenize_chat(engine, messages) -> list[int]:
-    """Render the messages with the target's chat template and tokenize (control tokens parsed)."""
+    """Render the messages with the target's chat template and tokenize: control tokens are parsed in the
+    template's markup only, never in a message's content (:meth:`Engine.encode_chat`)."""
     rendered = []
     for m in messages:
         content = m.content
@@ -173,22 +174,26 @@ def tokenize_chat(engine, messages) -> list[int]:
             if any(p.type != "text" or p.text is None for p in content):
                 raise APIError(400, "only text content parts are supported", param="messages")
             content = "".join(p.text for p in content)
+        _check_unicode(content or "", "messages")
         rendered.append({"role": m.role, "content": content or ""})
     try:
-        text = engine.render_chat(rendered)
+        return engine.encode_chat(rendered)
     except ValueError as e:
         raise APIError(400, str(e), param="messages") from None
     except Exception as e:  # a template may raise anything on odd input
         raise APIError(400, f"the chat template failed on these messages: {e}", param="messages") from None
-    return _tokenize(engine, text)
 
 
-def _tokenize(engine, text: str) -> list[int]:
+def _check_unicode(text: str, param: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise APIError(400, "the text contains invalid Unicode (lone surrogates)", param="prompt") from None
-    return engine.tokenize(text, special=True)
+        raise APIError(400, "the text contains invalid Unicode (lone surrogates)", param=param) from None
+
+
+def _tokenize(engine, text: str) -> list[int]:
+    _check_unicode(text, "prompt")
+    return engine.tokenize(text, special=True)  # a raw prompt is the client's own: control tokens parsed
 
 
 def spec_for(engine, req) -> SpecConfig:
