@@ -223,3 +223,86 @@ def test_auto_learns_call_costs_under_batching(tiny_target_path, tiny_draft_path
     exported = sched.metrics.registry.get_sample_value("specdec_target_call_seconds",
                                                        {"tokens": str(n), "mode": "greedy"})
     assert exported == pytest.approx(engine.cost.target[True].mean[n])
+
+
+# -- the loop never dies silently (issue 13, defect 5) ---------------------------------------------
+
+def within(fn, seconds: float = 60):
+    """``fn()`` in a thread; its result, or a test failure if it has not returned after ``seconds`` (a
+    hang: before the fix, consumers waited forever on a dead scheduler)."""
+    out = []
+    thread = threading.Thread(target=lambda: out.append(_outcome(fn)), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert out, f"still waiting after {seconds} s: the scheduler thread hangs or died silently"
+    return out[0]
+
+
+def _outcome(fn):
+    try:
+        return fn()
+    except Exception as e:
+        return e
+
+
+class FailingMetrics:
+    """A metrics observer whose every call raises."""
+
+    def request_started(self, *args):
+        raise RuntimeError("metrics bug")
+
+    step = request_finished = request_started
+
+
+def test_failing_metrics_and_close_do_not_stop_the_loop(engine, monkeypatch):
+    """Only the step was guarded: an exception in a metrics call or in Request.close() ended the
+    scheduler thread, and every waiting request hung. They are now logged, and serving goes on."""
+    from specdec.request import Request
+
+    ids = engine.encode_prompt(PROMPTS[0])
+    want = engine.generate(ids, GREEDY.replace(max_tokens=8)).token_ids
+    real_close = Request.close
+
+    def close(self):
+        real_close(self)  # frees, then fails
+        raise RuntimeError("close bug")
+
+    monkeypatch.setattr(Request, "close", close)
+    sched = Scheduler(engine, max_running=2, metrics=FailingMetrics())
+    try:
+        for _ in range(3):
+            out = within(lambda: [collect(sched.stream(ids, GREEDY.replace(max_tokens=8)))[1] for _ in range(3)])
+            assert out == [want] * 3
+    finally:
+        sched.close(timeout=60)
+    assert not engine.target.sequences and not engine.draft.sequences
+
+
+def test_loop_death_fails_every_request_at_once(engine, monkeypatch):
+    """If something unexpected escapes the loop, every running, admitted and waiting request gets
+    SchedulerDiedError at once, new requests are refused, on_death hears of it, and nothing stays
+    reserved."""
+    from specdec.scheduler import SchedulerDiedError
+
+    deaths = []
+    sched = Scheduler(engine, max_running=2, max_waiting=8, on_death=deaths.append)
+    ids = engine.encode_prompt(PROMPTS[1])
+    eog = {t: -100 for t in engine.info.eog_ids}
+    running = sched.stream(ids, GREEDY.replace(max_tokens=400, logit_bias=eog))
+    next(running)
+
+    def boom(job):
+        raise RuntimeError("a bug in the loop")
+
+    monkeypatch.setattr(sched, "_admit", boom)
+    events = [[] for _ in range(3)]
+    sched.submit_many([(ids, GREEDY, None, ev.append) for ev in events])  # one is admitted, two wait
+    out = within(lambda: list(running))
+    assert isinstance(out, SchedulerDiedError) and "a bug in the loop" in str(out)
+    wait_until(lambda: all(events), 30, "every request to get its error")
+    assert all(len(ev) == 1 and isinstance(ev[0], SchedulerDiedError) for ev in events)
+    assert deaths == [sched.error] and sched.error is not None
+    with pytest.raises(SchedulerClosedError, match="died"):
+        sched.submit(ids, GREEDY, None, lambda ev: None)
+    sched.close(timeout=30)
+    assert not engine.target.sequences and not engine.draft.sequences
