@@ -12,6 +12,13 @@ The per-request logic (drafting, verification, stop conditions) is the step's; t
 who runs and hands chunks to consumers. It knows nothing about HTTP or asyncio: a consumer
 passes an ``emit`` callback that receives each :class:`~specdec.request.StreamChunk` and, on failure,
 one exception.
+
+Failures stay as small as they can: a failing request fails alone (the step isolates it), a failing
+metrics observer or ``Request.close`` is logged and the loop goes on. If anything else escapes the loop,
+the thread does not die silently: every waiting and running request gets :class:`SchedulerDiedError` at
+once, :attr:`Scheduler.error` says why, new requests are refused, and ``on_death`` is called (the server
+then stops and exits non-zero, for its supervisor to restart it with a clean state; restarting the loop
+in place would run on an engine in an unknown state, and a bug that recurs would loop).
 """
 
 from __future__ import annotations
@@ -41,6 +48,10 @@ class QueueFullError(RuntimeError):
 
 class SchedulerClosedError(RuntimeError):
     """The scheduler is draining or stopped and accepts no new requests."""
+
+
+class SchedulerDiedError(RuntimeError):
+    """The scheduler thread died of an unexpected error; every request it held failed with this."""
 
 
 @dataclass(eq=False)
@@ -77,20 +88,27 @@ class Scheduler:
         max_waiting: Requests that may wait for a free slot; :meth:`submit` raises
             :class:`QueueFullError` beyond it.
         metrics: Optional observer with ``request_started(job)``, ``step(job, chunk, now)`` and
-            ``request_finished(job, reason)`` (see :class:`specdec.metrics.ServerMetrics`).
+            ``request_finished(job, reason)`` (see :class:`specdec.metrics.ServerMetrics`); its failures
+            are logged, never fail a request.
+        on_death: Called (from the dying thread) with the :class:`SchedulerDiedError` if the loop dies.
 
     Raises:
         ValueError: when a limit is below 1 or a backend holds fewer than ``max_running`` sequences.
     """
 
-    def __init__(self, engine, max_running: int = 8, max_waiting: int = 64, metrics=None):
+    def __init__(self, engine, max_running: int = 8, max_waiting: int = 64, metrics=None,
+                 on_death: Callable[[SchedulerDiedError], None] | None = None):
         self.check_capacity(engine, max_running, max_waiting)
         self.engine = engine
         self.max_running = max_running
         self.max_waiting = max_waiting
         self.metrics = metrics
+        self.on_death = on_death
+        self.error: SchedulerDiedError | None = None
+        """Set when the loop died: why. The scheduler then refuses every request."""
         self._waiting: collections.deque[Job] = collections.deque()
         self._running: list[Job] = []
+        self._admitting: list[Job] = []  # taken from the queue, not running yet
         self._cond = threading.Condition()
         self._closing = False
         self._thread = threading.Thread(target=self._loop, name="specdec-scheduler", daemon=True)
@@ -132,10 +150,12 @@ class Scheduler:
 
         Raises:
             QueueFullError: when the free slots plus the waiting room cannot take them all.
-            SchedulerClosedError: while draining or after :meth:`close`.
+            SchedulerClosedError: while draining, after :meth:`close`, or after the thread died.
         """
         jobs = [Job(list(p), params, spec, emit) for p, params, spec, emit in items]
         with self._cond:
+            if self.error is not None:
+                raise SchedulerClosedError(f"the server cannot take requests: {self.error}")
             if self._closing:
                 raise SchedulerClosedError("the server is shutting down")
             free_slots = max(0, self.max_running - len(self._running))
@@ -157,8 +177,8 @@ class Scheduler:
             if waiting:  # never admitted: leaves the queue now
                 self._waiting.remove(job)
             self._cond.notify()
-        if waiting and self.metrics is not None:
-            self.metrics.request_finished(job, "cancelled")
+        if waiting:
+            self._observe("request_finished", job, "cancelled")
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams,
                spec: SpecConfig | None = None) -> Iterator[StreamChunk]:
@@ -194,19 +214,26 @@ class Scheduler:
 
     # -- scheduler thread ----------------------------------------------------------------------
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:  # never die silently: see the module docstring
+            log.critical("the scheduler thread died; failing every request", exc_info=True)
+            self._die(e)
+
+    def _serve(self) -> None:
         while True:
             with self._cond:
                 while not (self._waiting or self._running or self._closing):
                     self._cond.wait()
                 if self._closing and not (self._waiting or self._running):
                     return
-                admitted = []
-                while self._waiting and len(self._running) + len(admitted) < self.max_running:
+                while self._waiting and len(self._running) + len(self._admitting) < self.max_running:
                     job = self._waiting.popleft()
                     if not job.cancelled:
-                        admitted.append(job)
-            for job in admitted:
-                self._admit(job)
+                        self._admitting.append(job)
+            while self._admitting:
+                self._admit(self._admitting[0])
+                self._admitting.pop(0)
             for job in [j for j in self._running if j.cancelled]:
                 self._leave(job, "cancelled")
             if self._running:
@@ -217,6 +244,40 @@ class Scheduler:
                     for job in list(self._running):
                         self._fail(job, e)
 
+    def _die(self, cause: BaseException) -> None:
+        """Fail every request at once, free what can be freed, refuse new requests, tell ``on_death``."""
+        error = SchedulerDiedError(f"the scheduler thread died ({type(cause).__name__}: {cause}); "
+                                   "the server must be restarted")
+        error.__cause__ = cause
+        with self._cond:
+            self.error = error
+            self._closing = True
+            jobs = [*self._running, *self._admitting, *self._waiting]
+            self._running, self._admitting = [], []
+            self._waiting.clear()
+        for job in jobs:
+            self._emit(job, error)
+            if job.request is not None:
+                try:
+                    job.request.close()
+                except Exception:
+                    log.exception("freeing a request of the dead scheduler failed")
+            self._observe("request_finished", job, "error")
+        if self.on_death is not None:
+            try:
+                self.on_death(error)
+            except Exception:
+                log.exception("on_death failed")
+
+    def _observe(self, event: str, *args) -> None:
+        """Tell the metrics observer; its failure is logged, never a request's nor the loop's."""
+        if self.metrics is None:
+            return
+        try:
+            getattr(self.metrics, event)(*args)
+        except Exception:
+            log.exception("metrics %s failed", event)
+
     def _admit(self, job: Job) -> None:
         try:
             job.request = self.engine.admit(job.prompt_ids, job.params, job.spec)
@@ -224,8 +285,7 @@ class Scheduler:
             self._emit(job, e)
             return
         self._running.append(job)
-        if self.metrics is not None:
-            self.metrics.request_started(job)
+        self._observe("request_started", job)
 
     def _step(self) -> None:
         """One speculative step for every running request; a request that fails leaves alone."""
@@ -238,8 +298,7 @@ class Scheduler:
                 self._fail(job, error)
                 continue
             chunk = job.request.chunk()
-            if self.metrics is not None:
-                self.metrics.step(job, chunk, now)
+            self._observe("step", job, chunk, now)
             if chunk.token_ids:
                 job.t_last = now
             self._emit(job, chunk)
@@ -264,6 +323,8 @@ class Scheduler:
     def _leave(self, job: Job, reason: str) -> None:
         if job in self._running:
             self._running.remove(job)
-        job.request.close()
-        if self.metrics is not None:
-            self.metrics.request_finished(job, reason)
+        try:
+            job.request.close()
+        except Exception:  # its sequences may stay taken; the other requests go on
+            log.exception("freeing a finished request failed")
+        self._observe("request_finished", job, reason)

@@ -44,6 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from specdec.backends.base import BackendError
 
+    from specdec.scheduler import SchedulerDiedError
+
     try:
         from specdec.models import ModelDownloadError
     except ImportError:  # pragma: no cover
@@ -55,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # stdout closed early (e.g. `| head`): not an error
         return 0
-    except (ValueError, OSError, ModelDownloadError, BackendError) as e:
+    except (ValueError, OSError, ModelDownloadError, BackendError, SchedulerDiedError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"specdec: error: {cli_terms(msg)}", file=sys.stderr)
         return 2 if isinstance(e, ValueError) else 1

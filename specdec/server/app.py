@@ -82,7 +82,9 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        scheduler = Scheduler(engine, config.max_running, config.max_waiting)
+        # app.state.on_fatal: set by run_server to stop uvicorn when the scheduler thread dies
+        scheduler = Scheduler(engine, config.max_running, config.max_waiting,
+                              on_death=lambda e: (getattr(app.state, "on_fatal", None) or (lambda e: None))(e))
         metrics = ServerMetrics(lambda: scheduler.num_waiting, lambda: scheduler.num_running, engine.cost)
         scheduler.metrics = metrics
         state.update(scheduler=scheduler, metrics=metrics)
@@ -96,6 +98,9 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
 
     @app.get("/health")
     async def health():
+        error = state["scheduler"].error if "scheduler" in state else None
+        if error is not None:  # the process is about to exit; see specdec.scheduler
+            return JSONResponse({"status": "error", "error": str(error)}, 503)
         if state.get("draining"):
             return JSONResponse({"status": "draining"}, 503)
         return {"status": "ok"}
@@ -258,6 +263,8 @@ def run_server(engine, config: ServerConfig, host: str = "127.0.0.1", port: int 
 
     Raises:
         ValueError: when the address cannot be bound (port in use, unknown host).
+        specdec.scheduler.SchedulerDiedError: after the server stopped because its scheduler thread died
+            (every request got an error; the caller should exit non-zero for a supervisor to restart it).
     """
     import signal
     import socket
@@ -267,6 +274,7 @@ def run_server(engine, config: ServerConfig, host: str = "127.0.0.1", port: int 
     import uvicorn
 
     app = create_app(engine, config)
+    dead: list[BaseException] = []
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -277,6 +285,12 @@ def run_server(engine, config: ServerConfig, host: str = "127.0.0.1", port: int 
         raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     bound = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=drain_timeout))
+
+    def on_fatal(error: BaseException) -> None:  # every request has its error already: stop serving
+        dead.append(error)
+        server.should_exit = True
+
+    app.state.on_fatal = on_fatal
     print(f"specdec: serving {config.model_name} on http://{host}:{bound}/v1 "
           f"(method {engine.spec.method}, k={engine.spec.k}, {config.max_running} concurrent)", file=sys.stderr,
           flush=True)
@@ -285,3 +299,5 @@ def run_server(engine, config: ServerConfig, host: str = "127.0.0.1", port: int 
         # process exit 0 instead of dying by the signal
         signal.signal(signal.SIGTERM, lambda *_: None)
     server.run(sockets=[sock])
+    if dead:
+        raise dead[0]

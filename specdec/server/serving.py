@@ -271,7 +271,7 @@ class Choices:
         except QueueFullError as e:
             raise APIError(429, str(e), code="queue_full") from None
         except SchedulerClosedError as e:
-            raise APIError(503, str(e), code="shutting_down") from None
+            raise APIError(503, str(e), code="shutting_down" if scheduler.error is None else "server_dead") from None
 
     def cancel(self) -> None:
         """Cancel every choice still running (no-op for finished ones)."""

@@ -74,3 +74,77 @@ def test_chat_content_cannot_forge_turns(server, engine):
     raw = engine.render_chat(messages)
     r = httpx.post(f"{server.url}/completions", json={"prompt": raw, "max_tokens": 1}, timeout=60)
     assert r.json()["usage"]["prompt_tokens"] == len(engine.tokenize(raw, special=True)) < len(ids)
+
+
+# -- a dead scheduler (defect 5) -------------------------------------------------------------------
+
+def test_dead_scheduler_fails_requests_and_health_says_so(tiny_target_path, tiny_draft_path, monkeypatch):
+    """Defect 5: if the scheduler thread died, requests hung and /health said ok. Now the request in
+    flight ends with an error event, the next ones get an error at once, and /health answers 503."""
+    from server_helpers import LONG, sse_events
+
+    from specdec.scheduler import Scheduler
+
+    engine = tiny_engine(tiny_target_path, tiny_draft_path, n_seq_max=2)
+    eog = {str(t): -100 for t in engine.info.eog_ids}
+    with LiveServer(engine, max_running=2) as srv:
+        body = {"prompt": LONG, "max_tokens": 400, "temperature": 0, "stream": True, "logit_bias": eog}
+        with httpx.stream("POST", f"{srv.url}/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            first = next(lines)
+
+            def boom(self, job):
+                raise RuntimeError("injected bug")
+
+            monkeypatch.setattr(Scheduler, "_admit", boom)
+            r2 = httpx.post(f"{srv.url}/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=60)
+            events = sse_events([first, *lines])
+        assert r2.status_code == 500 and "scheduler thread died" in r2.json()["error"]["message"]
+        assert events[-1] == "[DONE]" and "scheduler thread died" in events[-2]["error"]["message"]
+        health = httpx.get(f"{srv.root}/health", timeout=30)
+        assert health.status_code == 503 and health.json()["status"] == "error"
+        r3 = httpx.post(f"{srv.url}/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=60)
+        assert r3.status_code == 503 and r3.json()["error"]["code"] == "server_dead"
+    assert not engine.target.sequences and not engine.draft.sequences
+
+
+INJECT = """
+import sys
+from specdec.scheduler import Scheduler
+real = Scheduler._admit
+def admit(self, job):
+    if job.params.max_tokens == 13:
+        raise RuntimeError("injected bug")
+    return real(self, job)
+Scheduler._admit = admit
+from specdec.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_serve_exits_nonzero_when_the_scheduler_dies(tiny_target_path, tiny_draft_path):
+    """The process stops (for a supervisor to restart it clean) with one error line and exit status 1."""
+    import re
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-c", INJECT, "serve", "--target", str(tiny_target_path), "--draft", str(tiny_draft_path),
+           "--port", "0", "--n-ctx", "256", "--max-concurrency", "2", "--threads", "1"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        url = None
+        for line in proc.stderr:
+            m = re.search(r"serving \S+ on (http://127\.0\.0\.1:\d+/v1)", line)
+            if m:
+                url = m.group(1)
+                break
+        assert url, "the server did not start"
+        assert httpx.post(f"{url}/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=60).status_code == 200
+        r = httpx.post(f"{url}/completions", json={"prompt": "hi", "max_tokens": 13}, timeout=60)
+        assert r.status_code == 500
+        assert proc.wait(timeout=60) == 1
+        errors = [line for line in proc.stderr.read().splitlines() if line.startswith("specdec: error:")]
+        assert len(errors) == 1 and "scheduler thread died" in errors[0], errors
+    finally:
+        if proc.poll() is None:
+            proc.kill()
