@@ -15,7 +15,13 @@ def add_parser(sub) -> None:
     add_spec_args(s)
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
-    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 (or $SPECDEC_API_KEY)")
+    s.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1 and /metrics (or $SPECDEC_API_KEY)")
+    s.add_argument("--metrics-public", action="store_true", help="serve /metrics without the API key")
+    s.add_argument("--allowed-hosts", default=None, metavar="NAMES",
+                   help="comma-separated names accepted in the Host and Origin headers besides loopback ones "
+                        "(example.com,*.example.com; '*' = any). Default: loopback names only when --host is "
+                        "loopback, any otherwise")
     s.add_argument("--served-model-name", default=None, help="model name clients pass (default: the target's)")
     s.add_argument("--max-concurrency", type=int, default=8, help="requests decoded together (default 8)")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond that; then 429 (default 64)")
@@ -29,11 +35,23 @@ def add_parser(sub) -> None:
     s.set_defaults(run=run)
 
 
+def allowed_hosts(host: str, names: str | None) -> tuple[str, ...]:
+    """``ServerConfig.allowed_hosts`` from ``--host`` and ``--allowed-hosts``: the names given; none given,
+    none (loopback names only) when bound to loopback, ``*`` (any) otherwise, since the names clients use
+    for another address are unknown here."""
+    from specdec.server.access import is_loopback
+
+    if names is None:
+        return () if is_loopback(host) else ("*",)
+    return tuple(h.strip() for h in names.split(",") if h.strip())
+
+
 def run(args: argparse.Namespace) -> int:
     """``specdec serve``: load the models, then serve the OpenAI API until SIGINT/SIGTERM."""
     import os
 
     from specdec.server import ServerConfig, run_server
+    from specdec.server.access import is_loopback
 
     spec = spec_from_args(args)
     for name in ("max_concurrency", "max_queue", "max_tokens_limit", "max_prompt_tokens", "max_body_bytes",
@@ -45,17 +63,18 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     check_model_args(args)
     api_key = args.api_key or os.environ.get("SPECDEC_API_KEY") or None
-    if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
+    if not is_loopback(args.host) and api_key is None:
         print(f"specdec: warning: serving on {args.host} without --api-key", file=sys.stderr)
     # sequence ids for running requests, their alternative candidates and parked prefixes; KV cells for
     # full-length running requests plus the prefix cache (parked sequences share cells, ids are cheap)
     cells = args.n_ctx * args.max_concurrency + args.prefix_cache_tokens
     engine = load_engine_from_args(args, spec, n_seq_max=min(256, 3 * args.max_concurrency), kv_cells=cells)
     config = ServerConfig(
-        model_name=args.served_model_name or engine.name, api_key=api_key,
+        model_name=args.served_model_name or engine.name, api_key=api_key, metrics_public=args.metrics_public,
+        allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
         max_running=args.max_concurrency, max_waiting=args.max_queue, max_body_bytes=args.max_body_bytes,
         max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens_limit,
         prefix_cache_tokens=args.prefix_cache_tokens,
     )
     run_server(engine, config, host=args.host, port=args.port, drain_timeout=args.drain_timeout)
-    return 0
+    return 0  # a dead scheduler raises SchedulerDiedError: one line and exit status 1 (specdec.cli.main)

@@ -27,7 +27,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from specdec.metrics import ServerMetrics
 from specdec.scheduler import Scheduler
 from specdec.server import logprobs, serving
-from specdec.server.errors import APIError, LimitsMiddleware, error_body, install_error_handlers
+from specdec.server.access import AccessMiddleware
+from specdec.server.errors import APIError, error_body, install_error_handlers
 from specdec.server.protocol import (
     ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, CompletionChunk,
     CompletionChunkChoice, CompletionRequest, CompletionResponse, Delta, ErrorResponse, ModelCard, ModelList,
@@ -40,7 +41,10 @@ class ServerConfig:
 
     Attributes:
         model_name: The name clients pass as ``model`` (``GET /v1/models`` lists it).
-        api_key: Required Bearer token on ``/v1/*``; ``None`` disables the check.
+        api_key: Required Bearer token on ``/v1/*`` and ``/metrics``; ``None`` disables the check.
+        metrics_public: Serve ``/metrics`` without the API key.
+        allowed_hosts: Names accepted in the ``Host`` and ``Origin`` headers besides loopback ones
+            (``example.com``, ``*.example.com``; ``*`` for any); see :mod:`specdec.server.access`.
         max_running: Requests decoded together (the batch size; backends need as many sequences).
         max_waiting: Requests that may wait for a slot; beyond it requests get 429.
         max_body_bytes: Largest request body, bytes (413 beyond).
@@ -53,6 +57,8 @@ class ServerConfig:
 
     model_name: str
     api_key: str | None = None
+    metrics_public: bool = False
+    allowed_hosts: tuple[str, ...] = ()
     max_running: int = 8
     max_waiting: int = 64
     max_body_bytes: int = 1 << 20
@@ -94,7 +100,8 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
 
     app = FastAPI(title="specdec", summary="OpenAI-compatible speculative decoding server", lifespan=lifespan)
     install_error_handlers(app)
-    app.add_middleware(LimitsMiddleware, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
+    app.add_middleware(AccessMiddleware, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
+                       allowed_hosts=config.allowed_hosts, metrics_public=config.metrics_public)
 
     @app.get("/health")
     async def health():

@@ -1,16 +1,14 @@
-"""Errors in OpenAI's shape, and the ASGI middleware enforcing the API key and the body-size limit.
+"""Errors in OpenAI's shape.
 
 Every error response is ``{"error": {"message", "type", "param", "code"}}``: FastAPI's validation
-errors, malformed JSON or UTF-8, unknown routes, and anything unexpected (a 500, which the tests treat
-as a bug). The middleware is plain ASGI (not ``BaseHTTPMiddleware``, which breaks streaming and
-disconnect detection).
+errors, malformed JSON or UTF-8, unknown routes, refusals of :mod:`specdec.server.access`, and anything
+unexpected (a 500, which the tests treat as a bug).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import secrets
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
 
-_TYPES = {401: "authentication_error", 429: "rate_limit_error", 503: "service_unavailable"}
+_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error", 503: "service_unavailable"}
 
 
 class APIError(Exception):
@@ -95,62 +93,9 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(APIError(500, f"internal server error ({type(exc).__name__})"))
 
 
-class LimitsMiddleware:
-    """ASGI middleware: Bearer API key on ``/v1/*`` and a limit on request body bytes.
-
-    The body is read up front (at most ``max_body_bytes + 1`` bytes) and replayed to the app, so an
-    oversized body gets 413 whether or not it declares a Content-Length.
-
-    Args:
-        app: The wrapped ASGI app.
-        api_key: Required ``Authorization: Bearer`` token, or ``None``.
-        max_body_bytes: Largest accepted request body.
-    """
-
-    def __init__(self, app, api_key: str | None, max_body_bytes: int):
-        self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        if self.api_key is not None and scope["path"].startswith("/v1"):
-            auth = headers.get("authorization", "")
-            scheme, _, token = auth.partition(" ")
-            if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), self.api_key.encode()):
-                return await self._reply(send, APIError(401, "missing or invalid API key: send "
-                                                        "'Authorization: Bearer <key>'", code="invalid_api_key"))
-        declared = headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_body_bytes:
-            return await self._reply(send, self._too_large())
-        parts, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":  # client gone before sending the whole body
-                return
-            parts.append(message.get("body", b""))
-            size += len(parts[-1])
-            more = message.get("more_body", False)
-            if size > self.max_body_bytes:
-                return await self._reply(send, self._too_large())
-        body = b"".join(parts)
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    def _too_large(self) -> APIError:
-        return APIError(413, f"the request body exceeds {self.max_body_bytes} bytes", code="request_too_large")
-
-    @staticmethod
-    async def _reply(send, e: APIError) -> None:
-        body = json.dumps(error_body(e.status, e.message, e.param, e.code, e.type)).encode()
-        await send({"type": "http.response.start", "status": e.status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+async def send_error(send, e: APIError) -> None:
+    """Send ``e`` as a whole response through a raw ASGI ``send`` (for middleware)."""
+    body = json.dumps(error_body(e.status, e.message, e.param, e.code, e.type)).encode()
+    await send({"type": "http.response.start", "status": e.status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

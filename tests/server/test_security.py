@@ -148,3 +148,62 @@ def test_serve_exits_nonzero_when_the_scheduler_dies(tiny_target_path, tiny_draf
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+# -- Host, Origin and the API key (defect 6) -------------------------------------------------------
+
+def test_dns_rebinding_host_is_refused(server):
+    """Defect 6: with no API key, any Host header was served, so a web page whose name resolves to
+    127.0.0.1 could drive the server from the user's browser. Only loopback names pass by default."""
+    port = server.port
+    for host in (f"evil.example:{port}", "evil.example", "0.0.0.0", "127.0.0.1.evil.example", ""):
+        for path in ("/v1/models", "/metrics", "/health"):
+            r = httpx.get(f"{server.root}{path}", headers={"host": host}, timeout=30)
+            assert r.status_code == 400 and r.json()["error"]["code"] == "host_not_allowed", (host, path, r.text)
+        r = httpx.post(f"{server.url}/completions", json={"prompt": "hi", "max_tokens": 2}, headers={"host": host})
+        assert r.status_code == 400, r.text
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", "[::1]", "LOCALHOST", "127.0.0.2"):
+        assert httpx.get(f"{server.url}/models", headers={"host": host}, timeout=30).status_code == 200, host
+
+
+def test_cross_site_origin_is_refused(server):
+    """A browser sends Origin on cross-site requests (a page POSTing a body without a content type
+    needs no CORS preflight, and FastAPI reads such a body as JSON); API clients send none."""
+    body = {"prompt": "hi", "max_tokens": 2}
+    for origin in ("https://evil.example", "null", "http://127.0.0.1.evil.example:8000", "file://"):
+        r = httpx.post(f"{server.url}/completions", json=body, headers={"origin": origin}, timeout=30)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed", (origin, r.text)
+    r = httpx.post(f"{server.url}/completions", json=body, headers={"origin": "http://localhost:3000"}, timeout=60)
+    assert r.status_code == 200, r.text
+
+
+def test_allowed_hosts(engine):
+    with LiveServer(engine, allowed_hosts=("api.example.com", "*.internal")) as srv:
+        for host, status in (("api.example.com", 200), ("a.b.internal:9", 200), ("internal", 400),
+                             ("evil.example", 400), ("localhost", 200)):
+            assert httpx.get(f"{srv.url}/models", headers={"host": host}, timeout=30).status_code == status, host
+        r = httpx.get(f"{srv.url}/models", headers={"origin": "https://api.example.com"}, timeout=30)
+        assert r.status_code == 200
+    with LiveServer(engine, allowed_hosts=("*",)) as srv:
+        assert httpx.get(f"{srv.url}/models", headers={"host": "anything.example"}, timeout=30).status_code == 200
+
+
+def test_cli_allowed_hosts_default():
+    from specdec.cli.serve import allowed_hosts
+
+    assert allowed_hosts("127.0.0.1", None) == allowed_hosts("localhost", None) == allowed_hosts("::1", None) == ()
+    assert allowed_hosts("0.0.0.0", None) == ("*",)
+    assert allowed_hosts("0.0.0.0", "a.example, *.b.example") == ("a.example", "*.b.example")
+
+
+def test_api_key_guards_metrics(engine):
+    """Defect 6: --api-key left /metrics open (request counts, timings); it is guarded unless
+    metrics_public. /health stays open for load balancers."""
+    with LiveServer(engine, api_key="k3y") as srv:
+        assert httpx.get(f"{srv.root}/metrics", timeout=30).status_code == 401
+        r = httpx.get(f"{srv.root}/metrics", headers={"authorization": "Bearer k3y"}, timeout=30)
+        assert r.status_code == 200 and "specdec_requests_total" in r.text
+        assert httpx.get(f"{srv.root}/health", timeout=30).status_code == 200
+    with LiveServer(engine, api_key="k3y", metrics_public=True) as srv:
+        assert httpx.get(f"{srv.root}/metrics", timeout=30).status_code == 200
+        assert httpx.get(f"{srv.url}/models", timeout=30).status_code == 401
