@@ -3,6 +3,7 @@ module-level :func:`generate` / :func:`stream` that reuse one engine per model p
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Iterator, Sequence
 
@@ -137,10 +138,19 @@ def stream(
 
     Yields:
         :class:`~specdec.engine.StreamChunk` with text deltas; the last carries the result and stats.
+
+    Raises:
+        ValueError: for an unknown or out-of-range parameter, or a bad prompt (checked before any model
+            is loaded, where the parameters allow it).
     """
     spec = SpecConfig(method=method, num_speculative_tokens=num_speculative_tokens)  # type: ignore[arg-type]
+    unknown = sorted(set(sampling) - {f.name for f in dataclasses.fields(SamplingParams)})
+    if unknown:
+        raise ValueError(f"unknown sampling parameter {unknown[0]!r}; SamplingParams has "
+                         f"{', '.join(f.name for f in dataclasses.fields(SamplingParams))}")
+    params = SamplingParams(**sampling)
     engine = _cached_engine(*model_names(target, draft, spec.method), n_ctx)  # no draft model for ngram/none
-    return engine.stream(prompt, SamplingParams(**sampling), spec, chat=chat)
+    return engine.stream(prompt, params, spec, chat=chat)
 
 
 def generate(prompt: str | Sequence[int], **kwargs) -> GenerationResult:

@@ -7,6 +7,7 @@ Callers (CLI, server, ``specdec check``) use its public methods, never its backe
 
 from __future__ import annotations
 
+import operator
 from typing import Iterator, Sequence
 
 from specdec.adaptive import CostModel
@@ -120,6 +121,9 @@ class Engine:
                 rewrites contents so that they cannot be told from its markup and a content holds the
                 text of a control token.
         """
+        if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content", ""), str)
+                   for m in messages):
+            raise ValueError('messages must be dicts {"role": str, "content": str}')
         pieces = chat_pieces(messages, self.render_chat)
         control = self.target.control_token_texts()
         if pieces is not None:
@@ -147,7 +151,12 @@ class Engine:
                 raise ValueError("the prompt is empty")
             ids = self.encode_chat([{"role": "user", "content": prompt}]) if chat else self.tokenize(prompt)
         else:
-            ids = [int(t) for t in prompt]
+            try:  # int() would truncate 1.5 and read "7"; bytes would pass as their byte values
+                if isinstance(prompt, (bytes, bytearray)):
+                    raise TypeError
+                ids = [operator.index(t) for t in prompt]
+            except TypeError:
+                raise ValueError("the prompt must be a string or a list of integer token ids") from None
         if not ids:
             raise ValueError("the prompt is empty")
         bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)

@@ -3,6 +3,8 @@
 ``specdec.generate``, keep working (issue 13)."""
 
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 import specdec
 from specdec.engine import Engine
@@ -111,3 +113,118 @@ def test_padding_inside_the_vocabulary_cuts_no_real_id(padded_paths):
     eog = max(backend.eog_ids)
     res = engine.generate("hello", SamplingParams(max_tokens=5, min_tokens=2, logit_bias={eog: 100}))
     assert res.finish_reason == "stop" and len(res.token_ids) == 2
+
+
+# -- property: whatever a caller passes, only ValueError, and no sequence leaks ---------------------
+
+NAN, INF = float("nan"), float("inf")
+
+
+def sampling_kwargs(v: int):
+    """SamplingParams keyword arguments: half of them within the bounds (the bounds included), half wild
+    (past the bounds, NaN, wrong types); ``v`` is the logits' row count (ids up to ``v + 4``: padding and
+    beyond)."""
+    real = st.integers(0, v - 5)  # the padded engines' real ids; ids past them are refused
+    valid = st.fixed_dictionaries({}, optional={
+        "temperature": st.one_of(st.floats(0, 2), st.sampled_from([1e-5, 1.0001e-5, 100])),
+        "top_k": st.one_of(st.integers(0, 50), st.just(2**70)),
+        "top_p": st.one_of(st.floats(1e-6, 1), st.just(1e-300)),
+        "min_p": st.one_of(st.floats(0, 1), st.just(5e-324)),
+        "repetition_penalty": st.sampled_from([1, 0.01, 100, 0.5, 2]),
+        "presence_penalty": st.floats(-2, 2), "frequency_penalty": st.floats(-2, 2),
+        "logit_bias": st.dictionaries(real, st.floats(-100, 100), max_size=4),
+        "min_tokens": st.integers(0, 3), "max_tokens": st.integers(3, 8), "seed": st.integers(0, 2**64 - 1),
+        "logprobs": st.just(True), "n": st.integers(1, 2), "stop": st.lists(st.text(min_size=1, max_size=3), max_size=2),
+    })
+    wild = st.fixed_dictionaries({}, optional={
+        "temperature": st.sampled_from([100.5, 1e308, -1, NAN, INF, "1"]),
+        "top_k": st.sampled_from([-1, 2.5, None]),
+        "top_p": st.sampled_from([0, 1.0000001, NAN]),
+        "min_p": st.sampled_from([-0.1, 1.1]),
+        "repetition_penalty": st.sampled_from([1e-308, 1e308, 0, -1, NAN]),
+        "presence_penalty": st.sampled_from([-2.0001, 3, NAN]),
+        "logit_bias": st.dictionaries(st.integers(-2, v + 4), st.sampled_from([101, NAN, -INF, 1]), min_size=1,
+                                      max_size=4),
+        "min_tokens": st.integers(-1, 12), "max_tokens": st.integers(-1, 8),
+        "seed": st.sampled_from([-1, 2**64]), "top_logprobs": st.integers(-1, 21), "n": st.integers(-1, 0),
+        "stop": st.sampled_from([[""], [3], "x"]),
+    })
+    return st.sampled_from([valid, valid, valid, wild]).flatmap(lambda s: s)  # mostly valid: most cases generate
+
+
+def prompts(v: int):
+    """Text (empty, control-token text, unicode) or ids (real ones; or negative, padding, past the logits)."""
+    return st.one_of(
+        st.lists(st.sampled_from([*"ab \n<|>é✓", "<|im_end|>", "<|im_start|>", "user"]), max_size=12).map("".join),  # may be empty
+        st.lists(st.integers(0, v - 5), min_size=1, max_size=10),
+        st.lists(st.integers(0, v - 5), min_size=1, max_size=10),
+        st.lists(st.integers(-2, v + 4), max_size=10),
+    )
+
+
+CASE = st.tuples(st.sampled_from(["none", "draft", "ngram", "hybrid", "auto"]), st.sampled_from(["token", "block"]),
+                 st.integers(0, 6), st.sampled_from([False, False, True]), st.integers(0, 2))
+
+
+def run_case(engine: Engine, kwargs, prompt, case) -> None:
+    """One call as a library user makes it; only ValueError may escape, and every sequence comes back."""
+    method, verify, k, chat, how = case
+    before = free(engine)
+    try:
+        params = SamplingParams(**kwargs)
+        spec = SpecConfig(method=method, num_speculative_tokens=k, verify=verify)
+        if params.n > 1:
+            results = engine.generate_n(prompt, params, spec, chat=chat)
+        elif how == 2:  # a consumer that leaves after the first chunk
+            stream = engine.stream(prompt, params, spec, chat=chat)
+            next(stream)
+            stream.close()
+            results = []
+        else:
+            results = [engine.generate(prompt, params, spec, chat=chat)]
+        event(f"generated ({method})")
+        for res in results:
+            assert len(res.token_ids) <= params.max_tokens and res.finish_reason in ("stop", "length")
+            assert all(0 <= t < engine.vocab_size for t in res.token_ids)
+    except ValueError as e:
+        assert str(e).strip(), "a ValueError needs a message"
+        event("ValueError: " + str(e).split(" ")[0])
+    assert free(engine) == before, "a sequence leaked"
+
+
+class PaddedTableLM:
+    """TableLM with four padding rows past its real vocabulary (ids 40..43), as Qwen's GGUFs have."""
+
+    @staticmethod
+    def make(**kw):
+        from fake_lm import TableLM
+
+        lm = TableLM(vocab=44, n_seq_max=6, **kw)
+        lm.eog_ids = frozenset({39})
+        lm.vocab_fingerprint = lambda: (40, "padded-table-lm")
+        return lm
+
+
+@pytest.fixture(scope="module")
+def table_engine():
+    return Engine(PaddedTableLM.make(), PaddedTableLM.make(noise=0.3), SpecConfig())
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(kwargs=sampling_kwargs(44), prompt=prompts(44), case=CASE)
+def test_property_table_lm(table_engine, kwargs, prompt, case):
+    assert table_engine.vocab_size == 40
+    run_case(table_engine, kwargs, prompt, case)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(kwargs=sampling_kwargs(283), prompt=prompts(283), case=CASE)
+def test_property_tiny_gguf(tiny_target, tiny_draft, kwargs, prompt, case):
+    run_case(Engine(tiny_target, tiny_draft), kwargs, prompt, case)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(kwargs=sampling_kwargs(283 + PAD + 5), prompt=prompts(283 + PAD + 5), case=CASE)
+def test_property_padded_gguf(padded_engine, kwargs, prompt, case):
+    """The tiny GGUF pair with 20 padding rows: padding ids in prompts and logit_bias are refused."""
+    run_case(padded_engine, kwargs, prompt, case)
