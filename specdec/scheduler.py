@@ -18,7 +18,8 @@ metrics observer or ``Request.close`` is logged and the loop goes on. If anythin
 the thread does not die silently: every waiting and running request gets :class:`SchedulerDiedError` at
 once, :attr:`Scheduler.error` says why, new requests are refused, and ``on_death`` is called (the server
 then stops and exits non-zero, for its supervisor to restart it with a clean state; restarting the loop
-in place would run on an engine in an unknown state, and a bug that recurs would loop).
+in place would run on an engine in an unknown state, and a bug that recurs would loop). (Past 300 lines
+on purpose: the loop and the handling of each way it can fail are one piece of control flow.)
 """
 
 from __future__ import annotations
