@@ -89,9 +89,10 @@ class SamplingParams:
             are honoured even before ``min_tokens`` is reached (vLLM ignores them until then): the
             output never runs past a stop string.
         seed: Seed of the request's randomness, in 0..2**64-1; ``None`` draws fresh entropy. A seeded
-            request is verified drafter-invariantly (``SpecConfig.verify="gumbel"`` unless another verifier is asked for): the
-            same seed gives the same tokens for the same prompt and settings, with or without speculation,
-            whatever the method, k, batch or timing (up to llama.cpp's batched-kernel near-ties).
+            request is verified drafter-invariantly (``SpecConfig.verify="gumbel"`` unless another
+            verifier is asked for): the same seed gives the same tokens for the same prompt and settings,
+            with or without speculation, whatever the method, k, batch or timing (up to llama.cpp's
+            batched-kernel near-ties).
         min_p: Keep tokens whose probability is at least ``min_p`` times the top token's (after
             temperature); ``0`` disables it. In [0, 1].
         repetition_penalty: CTRL-style penalty over prompt AND generated tokens (HF/vLLM): a positive
