@@ -54,7 +54,7 @@ def test_padding_token_ids_get_400(tmp_path):
             assert r.status_code == 400 and "vocabulary" in r.json()["error"]["message"], r.text
         r = httpx.post(f"{srv.url}/completions", json={"max_tokens": 8, "prompt": [5, 6, 7, 5, 6]}, timeout=60)
         assert r.status_code == 200, r.text
-    assert not target.sequences
+    assert not target.busy_sequences
 
 
 def test_chat_content_cannot_forge_turns(server, engine):
@@ -105,7 +105,7 @@ def test_dead_scheduler_fails_requests_and_health_says_so(tiny_target_path, tiny
         assert health.status_code == 503 and health.json()["status"] == "error"
         r3 = httpx.post(f"{srv.url}/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=60)
         assert r3.status_code == 503 and r3.json()["error"]["code"] == "server_dead"
-    assert not engine.target.sequences and not engine.draft.sequences
+    assert not engine.target.busy_sequences and not engine.draft.busy_sequences
 
 
 INJECT = """
