@@ -114,6 +114,8 @@ def test_noise_is_owned_by_positions():
     assert np.abs(corr).max() < 0.15  # positions do not share streams (a shifted stream would correlate)
     a.forget_before(40)
     assert sorted(a._cache) == list(range(40, 50))
+    np.testing.assert_array_equal(a.exponentials(70), b.exponentials(70))  # drawn into a reused buffer
+    np.testing.assert_array_equal(a.exponentials(45), e[45])  # kept positions untouched by the reuse
     p = np.zeros(1000)
     p[[10, 20]] = [0.25, 0.75]
     assert {a.choose(p, t) for t in range(60)} == {10, 20}  # filtered tokens are never chosen

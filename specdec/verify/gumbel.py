@@ -37,23 +37,39 @@ class PositionNoise:
         key: The request's seed (``SamplingParams.seed``), or None for a fresh random key.
         vocab_size: ``V``, entries per position.
 
-    Cost: one position draws ``V`` float32 exponentials (Philox + ziggurat, about half a millisecond
-    for ``V = 151,936``); a position is drawn once and kept until :meth:`forget_before` passes it, so a
-    position scored again in a later step (drafts past a rejection) reuses its draw.
+    Noise: Philox-4x32 keyed by ``key``, counter ``t << 64``, gives ``V`` 32-bit words; the top 23 bits of
+    each make ``u = (m + 0.5) / 2**23`` (exact in float32, never 0 or 1) and ``E = -log u``. That is numpy's
+    own float32 resolution (24 bits); the exponential tail is cut at ``log 2**23 = 15.9``, which moves a
+    token's probability of being chosen by less than ``1e-6``.
+
+    Cost: about 0.4 ms a position for ``V = 151,936`` on this 2-core machine (numpy's float32
+    ``standard_exponential`` took 0.8 ms, float64 1.1 ms); a position is drawn once and kept until
+    :meth:`forget_before` passes it, so a position scored again in a later step (drafts past a
+    rejection) reuses its draw.
     """
 
     def __init__(self, key: int | None, vocab_size: int):
         self.key = fresh_seed() if key is None else int(key)
         self.vocab_size = vocab_size
         self._cache: dict[int, np.ndarray] = {}
+        self._spare: list[np.ndarray] = []  # buffers of forgotten positions, reused (fresh pages cost faults)
         self.draws = 0  # positions drawn (for tests and cost accounting)
 
     def exponentials(self, t: int) -> np.ndarray:
-        """``[V] float32`` i.i.d. Exp(1) noise of output position ``t``."""
+        """``[V] float32`` i.i.d. Exp(1) noise of output position ``t``; its buffer is reused once
+        :meth:`forget_before` passes ``t``, so do not keep it past that."""
         e = self._cache.get(t)
         if e is None:
-            gen = np.random.Generator(np.random.Philox(key=self.key, counter=t << 64))
-            e = self._cache[t] = gen.standard_exponential(self.vocab_size, dtype=np.float32)
+            words = np.random.Philox(key=self.key, counter=t << 64).random_raw((self.vocab_size + 1) // 2)
+            mantissa = words.view(np.uint32)[: self.vocab_size]
+            np.right_shift(mantissa, 9, out=mantissa)  # [V] in 0..2**23-1
+            e = self._spare.pop() if self._spare else np.empty(self.vocab_size, np.float32)
+            np.copyto(e, mantissa, casting="unsafe")  # exact: < 2**24
+            e += np.float32(0.5)
+            e *= np.float32(2.0**-23)  # u in (0, 1)
+            np.log(e, out=e)
+            np.negative(e, out=e)
+            self._cache[t] = e
             self.draws += 1
         return e
 
@@ -70,7 +86,7 @@ class PositionNoise:
     def forget_before(self, t: int) -> None:
         """Drop the draws of positions before ``t`` (committed: never scored again)."""
         for old in [p for p in self._cache if p < t]:
-            del self._cache[old]
+            self._spare.append(self._cache.pop(old))
 
 
 class NoiseDraws:
