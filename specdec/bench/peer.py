@@ -90,47 +90,35 @@ class PeerResult:
     accepted: int
 
 
-class LlamaServer:
-    """A ``llama-server`` process on ``127.0.0.1`` (a free port), started on construction.
+class ServerProcess:
+    """An HTTP server program on ``127.0.0.1``, started on construction, healthy when it returns.
 
     Args:
-        binary: The ``llama-server`` program.
-        target: Target GGUF path.
-        draft: Draft GGUF path for speculative mode, or None for plain decoding.
-        draft_k: ``--spec-draft-n-max`` (most drafts per step).
-        n_ctx: Context window, tokens.
-        n_threads: CPU threads (``-t``, also used for the draft).
-        log_path: Where the server's output goes.
-        timeout: Seconds to wait for ``/health``.
+        cmd: The command; ``{port}`` in any argument is replaced by a free port.
+        env: Its environment (default: ours).
+        log_path: Where its output goes.
+        timeout: Seconds to wait for ``GET /health`` to answer 200.
 
     Raises:
-        RuntimeError: when the server exits or is not healthy within ``timeout`` (names the log).
+        RuntimeError: when the program exits or is not healthy within ``timeout`` (names the log).
     """
 
-    def __init__(self, binary: Path, target: Path, draft: Path | None = None, draft_k: int = 3,
-                 n_ctx: int = 4096, n_threads: int = 2, log_path: Path | None = None, timeout: float = 180.0):
+    name = "server"
+
+    def __init__(self, cmd: Sequence[str], env: dict | None = None, log_path: Path | None = None,
+                 timeout: float = 180.0):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        cmd = [str(binary), "-m", str(target), "--host", "127.0.0.1", "--port", str(self.port),
-               "-c", str(n_ctx), "-t", str(n_threads), "-tb", str(n_threads), "-np", "1", "--no-webui"]
-        if draft is not None:
-            # --spec-type is needed: without it the server infers the type from the draft's GGUF metadata,
-            # finds none for a plain model, and runs with the draft loaded but unused
-            cmd += ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(draft_k),
-                    "-td", str(n_threads)]
-        self.cmd = cmd
-        env = dict(os.environ)
-        env["LD_LIBRARY_PATH"] = os.pathsep.join([str(p) for p in library_dirs(binary)]
-                                                 + ([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else []))
+        self.cmd = [a.replace("{port}", str(self.port)) for a in cmd]
         self.log_path = log_path or Path(os.devnull)
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
                 self.close()
-                raise RuntimeError(f"llama-server exited with {self.proc.returncode}; see {self.log_path}")
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; see {self.log_path}")
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=5) as r:
                     if r.status == 200:
@@ -139,13 +127,69 @@ class LlamaServer:
                 pass
             if time.monotonic() > deadline:
                 self.close()
-                raise RuntimeError(f"llama-server not healthy after {timeout:.0f} s; see {self.log_path}")
+                raise RuntimeError(f"{self.name} not healthy after {timeout:.0f} s; see {self.log_path}")
             time.sleep(0.5)
 
     @property
     def url(self) -> str:
         """Base URL on loopback."""
         return f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        """Stop the server (terminate, then kill after 10 s); idempotent."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if not self._log.closed:
+            self._log.close()
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class LlamaServer(ServerProcess):
+    """A ``llama-server`` process on ``127.0.0.1`` (a free port), started on construction.
+
+    Args:
+        binary: The ``llama-server`` program.
+        target: Target GGUF path.
+        draft: Draft GGUF path for speculative mode, or None for plain decoding.
+        draft_k: ``--spec-draft-n-max`` (most drafts per step).
+        n_ctx: Context window per slot, tokens (the server gets ``n_ctx * n_parallel``).
+        n_threads: CPU threads (``-t``, also used for the draft).
+        n_parallel: Slots (``-np``): requests decoded together; its prompt cache reuses a slot's longest
+            common prefix with the next request (on by default in the server, ``cache_prompt``).
+        log_path: Where the server's output goes.
+        timeout: Seconds to wait for ``/health``.
+
+    Raises:
+        RuntimeError: when the server exits or is not healthy within ``timeout`` (names the log).
+    """
+
+    name = "llama-server"
+
+    def __init__(self, binary: Path, target: Path, draft: Path | None = None, draft_k: int = 3,
+                 n_ctx: int = 4096, n_threads: int = 2, n_parallel: int = 1, log_path: Path | None = None,
+                 timeout: float = 180.0):
+        cmd = [str(binary), "-m", str(target), "--host", "127.0.0.1", "--port", "{port}",
+               "-c", str(n_ctx * n_parallel), "-t", str(n_threads), "-tb", str(n_threads), "-np",
+               str(n_parallel), "--no-webui"]
+        if draft is not None:
+            # --spec-type is needed: without it the server infers the type from the draft's GGUF metadata,
+            # finds none for a plain model, and runs with the draft loaded but unused
+            cmd += ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(draft_k),
+                    "-td", str(n_threads)]
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([str(p) for p in library_dirs(binary)]
+                                                 + ([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else []))
+        super().__init__(cmd, env, log_path, timeout)
 
     def complete(self, prompt_ids: Sequence[int], max_tokens: int, temperature: float = 0.0,
                  seed: int = 0) -> PeerResult:
@@ -167,21 +211,3 @@ class LlamaServer:
             proposed=int(t.get("draft_n", 0)),
             accepted=int(t.get("draft_n_accepted", 0)),
         )
-
-    def close(self) -> None:
-        """Stop the server (terminate, then kill after 10 s); idempotent."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if not self._log.closed:
-            self._log.close()
-
-    def __enter__(self) -> "LlamaServer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

