@@ -27,9 +27,22 @@ bounded below by that size's time (scoring more tokens never costs less). Decisi
 bound, so a size that could pay is tried once and then known (optimism in the face of uncertainty).
 
 Under batching (the server's scheduler) one call scores several sequences; it is recorded as ``S(n)``
-with ``n`` the call's TOTAL tokens, because on a compute-bound CPU a call's cost follows its token count
-whatever the split (four sequences of one token cost about one sequence of four), and a lone request's
-steps are the same table's small sizes. The batch composition is in the report for a batch-aware policy.
+with ``n`` the call's TOTAL tokens, decode steps and prompt chunks alike, because on a compute-bound CPU a
+call's cost follows its token count whatever the split (four sequences of one token cost about one
+sequence of four), and a lone request's steps are the same table's small sizes. A request in a shared
+call prices its drafts by their MARGINAL cost there and counts what the call commits in all (the batch's
+goodput, as SmartSpec chooses the proposal length: Liu et al. 2024, arXiv 2406.14066). With ``B`` the
+other sequences' tokens in the call and ``Y`` their expected committed tokens (:class:`Load`, which the
+step sets before each proposal):
+
+    rate(k) = (E(k) + Y) / (D(k) + S(B + k + 1)),    rate(0) = (1 + Y) / S(B + 1)            (3)
+
+which is (2) for a lone request (``B = Y = 0``). On a flat, GPU-like curve ``S(B + k + 1) ~ S(B + 1)`` and
+speculation pays at any batch size; on a compute-bound curve ``S(n) ~ a + b n`` the drafts' marginal cost
+``b k`` stays while the plain call's rate ``(1 + Y) / (a + b (B + 1))`` grows with the batch (the fixed
+cost ``a`` is shared), so beyond some batch no k pays and speculation switches itself off: the rule vLLM
+hard-codes as a batch-size threshold (``speculative_disable_by_batch_size``), here derived from the
+measured curve.
 
 This module knows numbers only: no models, tokens or arrays of logits. Nothing writes the cost model but
 :meth:`CostModel.observe_step`; proposers only read it. (Past 300 lines on purpose: the timing table, the
@@ -44,7 +57,11 @@ from dataclasses import dataclass
 import numpy as np
 
 N_MAX = 65
-"""Largest number of tokens per target call the cost model tracks (k_max = 64, plus one)."""
+"""Most draft positions the acceptance statistics track, plus one (k_max = 64)."""
+
+CALL_N_MAX = 4096
+"""Largest target call, in tokens, whose time the cost model records: decode steps of a whole batch and
+prompt chunks (:mod:`specdec.prefill`); larger calls (a whole long prompt, unchunked) are ignored."""
 
 ACCEPT_PRIOR = {"draft": 0.7, "ngram1": 0.25, "ngram2": 0.4, "ngram3": 0.55}
 """Prior acceptance rate per kind of proposal before any is measured; ``ngramN`` = an N-token suffix
@@ -80,7 +97,7 @@ class TimingTable:
         alpha: Weight of a new sample.
     """
 
-    def __init__(self, n_max: int = N_MAX, alpha: float = 0.2):
+    def __init__(self, n_max: int = CALL_N_MAX, alpha: float = 0.2):
         self.n_max = n_max
         self.alpha = alpha
         self.mean = np.zeros(n_max + 1)  # [n_max+1] float64 seconds; index 0 unused
@@ -109,7 +126,7 @@ class TimingTable:
         return {"S": {n: float(self.mean[n]) for n in sizes}, "count": {n: int(self.count[n]) for n in sizes}}
 
     @classmethod
-    def from_snapshot(cls, snap: dict, n_max: int = N_MAX) -> "TimingTable":
+    def from_snapshot(cls, snap: dict, n_max: int = CALL_N_MAX) -> "TimingTable":
         """The table a :meth:`snapshot` describes (keys may be strings, as after a JSON round trip)."""
         table = cls(n_max)
         for n, seconds in snap["S"].items():
@@ -138,6 +155,41 @@ class TimingTable:
         if len(sizes) == 0:
             return math.nan
         return self._from_sizes(sizes, n, optimistic)
+
+    def curve(self, optimistic: bool = False) -> np.ndarray:
+        """``[n_max+1] float64``: :meth:`estimate` of every size ``n = 0..n_max`` at once (index 0 and
+        every size when nothing is measured: NaN), for decisions that price many sizes per step."""
+        out = np.full(self.n_max + 1, math.nan)
+        sizes = np.flatnonzero(self.count)
+        if len(sizes) == 0:
+            return out
+        out[1:] = self._from_sizes_all(sizes, np.arange(1, self.n_max + 1), optimistic)
+        out[sizes] = self.mean[sizes]
+        if optimistic and len(sizes) > 1:  # a size with < 3 samples: the smaller of its mean and its neighbours'
+            few = np.flatnonzero(self.count[sizes] < 3)  # [f] indices into sizes
+            lo, hi = sizes[np.maximum(few - 1, 0)], sizes[np.minimum(few + 1, len(sizes) - 1)]
+            n = sizes[few]
+            w = np.where(hi > lo, (n - lo) / np.maximum(hi - lo, 1), 0.0)
+            between = (1 - w) * self.mean[lo] + w * self.mean[hi]
+            others = np.where(few == 0, self.mean[hi] * n / hi,  # below the others: proportional
+                              np.where(few == len(sizes) - 1, self.mean[lo], between))  # above: flat
+            out[n] = np.minimum(self.mean[n], others)
+        return out
+
+    def _from_sizes_all(self, sizes: np.ndarray, n: np.ndarray, optimistic: bool) -> np.ndarray:
+        """:meth:`_from_sizes` for ``[m] int`` sizes ``n`` at once; ``[m] float64``."""
+        means = self.mean[sizes]
+        out = np.interp(n, sizes, means)  # between measured sizes (np.interp is flat beyond them)
+        below = n < sizes[0]
+        out[below] = means[0] * n[below] / sizes[0]
+        above = n > sizes[-1]
+        if not optimistic:
+            if len(sizes) >= 2:
+                slope = max(0.0, (means[-1] - means[-2]) / (sizes[-1] - sizes[-2]))
+            else:
+                slope = means[-1] / sizes[-1]
+            out[above] = means[-1] + slope * (n[above] - sizes[-1])
+        return out
 
     def _from_sizes(self, sizes: np.ndarray, n: int, optimistic: bool) -> float:
         """Estimate of size ``n`` from the measured ``sizes`` (``[m] int``, ascending, without n)."""
@@ -213,9 +265,10 @@ class Choice:
     Attributes:
         source: ``"draft"``, ``"ngram"`` or ``None`` for a plain step.
         k: Draft tokens to propose.
-        tokens: Predicted committed tokens, E(k).
-        seconds: Predicted wall time of the step, D(k) + S(k+1).
+        tokens: Predicted committed tokens of this request, E(k).
+        seconds: Predicted wall time of the step, D(k) + S(B + k + 1) (``B = 0`` alone).
         probe: True when taken to refresh statistics rather than because it was best.
+        others: Predicted committed tokens of the other sequences in the call, ``Y`` (0 alone).
     """
 
     source: str | None
@@ -223,11 +276,29 @@ class Choice:
     tokens: float
     seconds: float
     probe: bool = False
+    others: float = 0.0
 
     @property
     def rate(self) -> float:
-        """Predicted committed tokens per second."""
-        return self.tokens / self.seconds if self.seconds > 0 else math.inf
+        """Predicted committed tokens per second of the whole call, eq. (3) (this request's alone)."""
+        return (self.tokens + self.others) / self.seconds if self.seconds > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class Load:
+    """What else shares the target call a request is planning, eq. (3) of the module docstring.
+
+    Attributes:
+        tokens: ``B``, tokens the other sequences add to the call (their drafts plus one, prompt chunks).
+        committed: ``Y``, tokens they are expected to commit (mean accepted lengths; 0 for a prompt chunk).
+    """
+
+    tokens: int = 0
+    committed: float = 0.0
+
+
+ALONE = Load()
+"""The load of a request alone in its calls."""
 
 
 class CostModel:
@@ -243,9 +314,11 @@ class CostModel:
         self.draft_token = TimingTable(n_max=1)  # [1]: seconds per drafted token
         self.draft_catchup = TimingTable(n_max=1)  # [1]: seconds per catch-up token
         self.pool: dict[str, AcceptanceStats] = {}
+        self.load = ALONE
+        """What shares the call being planned: set by the speculative step before each sequence proposes
+        (:func:`specdec.step.speculative_step`), read by ``auto``; :data:`ALONE` outside a step."""
         self._version = 0  # bumped by every target measurement (invalidates ``curve``)
-        self._curve_key: tuple | None = None
-        self._curve = np.zeros(0)
+        self._curves: dict[tuple, np.ndarray] = {}
 
     # -- feedback -------------------------------------------------------------------------------
     def observe_step(self, report) -> None:
@@ -324,40 +397,53 @@ class CostModel:
             sizes = np.flatnonzero(self.target[not greedy].count)
         return max(2, 2 * int(sizes[-1])) if len(sizes) else 2
 
-    def best_k(self, accept: np.ndarray, prop_seconds, greedy: bool, max_seconds: float = math.inf) -> Choice | None:
-        """The best ``k >= 1`` for one source by eq. (2), with optimistic sizes up to :meth:`size_limit`.
+    def best_k(self, accept: np.ndarray, prop_seconds, greedy: bool, max_seconds: float = math.inf,
+               load: Load = ALONE) -> Choice | None:
+        """The best ``k >= 1`` for one source by eq. (3) (eq. (2) alone), with optimistic sizes up to
+        :meth:`size_limit`.
 
         Args:
             accept: ``[K] float64`` conditional acceptance estimates; K = most drafts available.
             prop_seconds: ``k -> D(k)`` seconds, applied to ``[k_max] int64`` k's (or returning a scalar).
             greedy: Decoding mode (selects the ``S(n)`` table).
             max_seconds: Only steps predicted to take at most this long (a probe's budget).
+            load: The other sequences in the call (``B`` tokens, ``Y`` committed).
 
         Returns:
             The best choice, or None when ``K == 0``, ``S(1)`` is unknown or no k fits ``max_seconds``.
         """
         if len(accept) == 0 or math.isnan(self.step_seconds(1, greedy)):
             return None
-        k_max = min(len(accept), self.size_limit(greedy) - 1)
+        b = load.tokens
+        k_max = min(len(accept), max(1, self.size_limit(greedy) - 1 - b))
         ks = np.arange(1, k_max + 1)
         e = expected_tokens(accept[:k_max])[1:]  # [k_max] E(1..k_max)
-        t = prop_seconds(ks) + self.curve(k_max + 1, greedy)[2:]  # [k_max] seconds of each step
-        rate = np.where(t <= max_seconds, e / t, -np.inf)
+        t = prop_seconds(ks) + self.curve(b + k_max + 1, greedy)[b + 2:]  # [k_max] seconds of each step
+        rate = np.where(t <= max_seconds, (e + load.committed) / t, -np.inf)
         i = int(np.argmax(rate))  # the first best, as a loop over k would pick
         if not rate[i] > -np.inf:
             return None
-        return Choice(None, i + 1, float(e[i]), float(t[i]))
+        return Choice(None, i + 1, float(e[i]), float(t[i]), others=load.committed)
 
-    def curve(self, n_max: int, greedy: bool) -> np.ndarray:
-        """``[n_max+1] float64``: optimistic ``S(n)`` for ``n = 0..n_max`` (index 0 unused, NaN), computed
-        once per new measurement: a decision between plain steps must cost far less than a step."""
-        key = (n_max, greedy, self._version)
-        if self._curve_key != key:
-            self._curve = np.array([math.nan] + [self.step_seconds(n, greedy, optimistic=True)
-                                                 for n in range(1, n_max + 1)])
-            self._curve_key = key
-        return self._curve
+    def curve(self, n_max: int, greedy: bool, optimistic: bool = True) -> np.ndarray:
+        """``[n_max+1] float64``: ``S(n)`` for ``n = 0..n_max`` (index 0 unused, NaN; sizes past the
+        table's last: its last), optimistic by default, computed once per new measurement: a decision
+        between plain steps must cost far less than a step."""
+        key = (greedy, optimistic)
+        if self._curves.get("version") != self._version:
+            self._curves = {"version": self._version}
+        if key not in self._curves:
+            table = self.target[greedy] if self.target[greedy].measured else self.target[not greedy]
+            self._curves[key] = table.curve(optimistic)
+        full = self._curves[key]
+        if n_max < len(full):
+            return full[: n_max + 1]
+        return np.concatenate((full, np.full(n_max + 1 - len(full), full[-1])))
 
-    def plain(self, greedy: bool) -> Choice:
-        """A plain step: one token in ``S(1)`` seconds (NaN before any measurement)."""
-        return Choice(None, 0, 1.0, self.step_seconds(1, greedy))
+    def plain(self, greedy: bool, load: Load = ALONE) -> Choice:
+        """A plain step: one token in ``S(1)`` seconds alone (NaN before any measurement); in a shared
+        call ``S(B + 1)``, priced on the same optimistic curve as :meth:`best_k`'s sizes so that a size
+        beyond those measured favours neither."""
+        if load.tokens == 0:
+            return Choice(None, 0, 1.0, self.step_seconds(1, greedy))
+        return Choice(None, 0, 1.0, float(self.curve(load.tokens + 1, greedy)[-1]), others=load.committed)

@@ -193,10 +193,12 @@ class Engine:
         context = ProposerContext(draft=self.draft, vocab_size=self.info.vocab_size, cost=self.cost)
         return new_request(self.info, self.target, prompt_ids, params, spec, context, proposer)
 
-    def step(self, requests: Sequence[Request]):
-        """One speculative step for several requests, feeding the cost model; see
-        :func:`~specdec.step.speculative_step`. Returns its :class:`~specdec.step.StepReport`."""
-        return speculative_step(self.target, [r.seq for r in requests], self.cost)
+    def step(self, requests: Sequence[Request], prefill_chunk: int | None = None):
+        """One speculative step for several requests (oldest first), feeding the cost model; see
+        :func:`~specdec.step.speculative_step`, which also explains ``prefill_chunk`` (prompt tokens per
+        call: ``None`` = whole prompts, 0 = chosen from the cost model). Returns its
+        :class:`~specdec.step.StepReport`."""
+        return speculative_step(self.target, [r.seq for r in requests], self.cost, prefill_chunk)
 
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                spec: SpecConfig | None = None, chat: bool = False,

@@ -3,10 +3,13 @@
 One scheduler thread owns the engine's backends (llama.cpp contexts are not thread-safe). Each step it
 admits waiting requests up to ``max_running`` (a new request joins at the next step instead of waiting
 for the batch to finish) and runs ONE :func:`~specdec.step.speculative_step` for every running request
-(through :meth:`Engine.step`, which also feeds the cost model, so ``auto`` learns under batching). A
-finished, failed or cancelled request leaves at once and :meth:`Request.close` frees its KV cells. Each
-request keeps its own proposer, k and RNG, so its output does not depend on what else is in the batch
-(greedy: identical to running alone, up to llama.cpp's batched-kernel near-ties).
+(through :meth:`Engine.step`, which also feeds the cost model, so ``auto`` learns under batching and
+prices its drafts in the shared call). A new request's prompt is prefilled in chunks within a per-call
+token budget (:mod:`specdec.prefill`), riding along the running requests' steps, so they wait at most
+one chunk for their next token. A finished, failed or cancelled request leaves at once and
+:meth:`Request.close` frees its KV cells. Each request keeps its own proposer, k and RNG, so its output
+does not depend on what else is in the batch (greedy: identical to running alone, up to llama.cpp's
+batched-kernel near-ties).
 
 The per-request logic (drafting, verification, stop conditions) is the step's; this module only decides
 who runs and hands chunks to consumers. It knows nothing about HTTP or asyncio: a consumer
@@ -34,6 +37,7 @@ from typing import Callable, Iterator, Sequence
 
 from specdec.output import StreamChunk
 from specdec.params import SamplingParams, SpecConfig
+from specdec.prefill import check_chunk_tokens
 from specdec.request import Request
 
 log = logging.getLogger(__name__)
@@ -92,15 +96,21 @@ class Scheduler:
             ``request_finished(job, reason)`` (see :class:`specdec.metrics.ServerMetrics`); its failures
             are logged, never fail a request.
         on_death: Called (from the dying thread) with the :class:`SchedulerDiedError` if the loop dies.
+        prefill_chunk_tokens: Prompt tokens per target call, all new prompts together: 0 = chosen from
+            the measured call costs (:func:`specdec.prefill.prefill_budget`), ``n > 0`` = ``n``, ``None``
+            = whole prompts (a long prompt then stalls the running requests for its whole prefill).
 
     Raises:
-        ValueError: when a limit is below 1 or a backend holds fewer than ``max_running`` sequences.
+        ValueError: when a limit is below 1, a backend holds fewer than ``max_running`` sequences, or
+            ``prefill_chunk_tokens`` is negative.
     """
 
     def __init__(self, engine, max_running: int = 8, max_waiting: int = 64, metrics=None,
-                 on_death: Callable[[SchedulerDiedError], None] | None = None):
+                 on_death: Callable[[SchedulerDiedError], None] | None = None, prefill_chunk_tokens: int | None = 0):
         self.check_capacity(engine, max_running, max_waiting)
+        check_chunk_tokens(prefill_chunk_tokens)
         self.engine = engine
+        self.prefill_chunk_tokens = prefill_chunk_tokens
         self.max_running = max_running
         self.max_waiting = max_waiting
         self.metrics = metrics
@@ -289,14 +299,17 @@ class Scheduler:
         self._observe("request_started", job)
 
     def _step(self) -> None:
-        """One speculative step for every running request; a request that fails leaves alone."""
+        """One speculative step for every running request; a request that fails leaves alone; one whose
+        prompt is still being prefilled has nothing to deliver yet."""
         running = list(self._running)
-        report = self.engine.step([job.request for job in running])
+        report = self.engine.step([job.request for job in running], self.prefill_chunk_tokens)
         now = time.perf_counter()
         for job in running:
             error = report.failed.get(job.request.seq)
             if error is not None:
                 self._fail(job, error)
+                continue
+            if not job.request.seq.prefilled:
                 continue
             chunk = job.request.chunk()
             self._observe("step", job, chunk, now)

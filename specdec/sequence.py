@@ -1,9 +1,10 @@
 """The per-sequence state the speculative step needs, and its small named calls.
 
 A :class:`SequenceState` holds one request's committed context, sampling state, RNG, proposer, verifier
-and KV-cache mirror(s), and counts its statistics. :func:`specdec.step.speculative_step` drives it:
-:meth:`~SequenceState.propose` -> :meth:`~SequenceState.plan` (what the target must score) ->
-:meth:`~SequenceState.target_rows` (after the call) -> the verifier -> :meth:`~SequenceState.commit`.
+and KV-cache mirror(s), and counts its statistics. :func:`specdec.step.speculative_step` drives it: first
+:meth:`~SequenceState.plan_prefill` once per chunk of the prompt (the last chunk's logits give the first
+token), then every step :meth:`~SequenceState.propose` -> :meth:`~SequenceState.plan` (what the target must
+score) -> :meth:`~SequenceState.target_rows` (after the call) -> the verifier -> :meth:`~SequenceState.commit`.
 Committed tokens go to the request's output stage through the narrow :class:`TokenSink` protocol, which
 answers whether a stop string ended the text.
 
@@ -45,16 +46,26 @@ class ScorePlan:
             free sequence); one empty candidate on a plain step or the prefill.
         caches: ``[c]`` the KV mirror scoring each candidate (``caches[0]``: the main one).
         new: ``[c]`` tokens each cache appends in the call.
+        partial: True for a chunk of the prompt that is not its last: evaluated without logits, nothing
+            verified or committed.
     """
 
     proposal: Proposal
     candidates: tuple[Draft, ...]
     caches: tuple[SequenceCache, ...]
     new: tuple[list[int], ...]
+    partial: bool = False
 
     def batch(self) -> dict[int, tuple[list[int], int]]:
-        """``seq_id -> (new tokens, n_logits)`` for the backend: ``k_j + 1`` logits per candidate."""
-        return {cache.seq_id: (new, len(c.tokens) + 1) for cache, new, c in zip(self.caches, self.new, self.candidates)}
+        """``seq_id -> (new tokens, n_logits)`` for the backend: ``k_j + 1`` logits per candidate (none
+        for a partial prompt chunk)."""
+        return {cache.seq_id: (new, 0 if self.partial else len(c.tokens) + 1)
+                for cache, new, c in zip(self.caches, self.new, self.candidates)}
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens the plan adds to the call, all candidates together."""
+        return sum(len(new) for new in self.new)
 
 
 class SequenceState:
@@ -95,6 +106,7 @@ class SequenceState:
         self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
         self.finish_reason: str | None = None
         self._aux: list[SequenceCache] = []  # sequences of alternative candidates, during a step
+        self.call_tokens = 1  # tokens this sequence added to its last decode step's target call
         self._t0 = time.perf_counter()
         self._t_first: float | None = None
 
@@ -105,23 +117,50 @@ class SequenceState:
 
     @property
     def prefilled(self) -> bool:
-        """True after the first step (the prompt's prefill, a plain step)."""
+        """True once the prompt's prefill (its last chunk) committed the first token."""
         return self._t_first is not None
+
+    @property
+    def committed_per_call(self) -> float:
+        """Tokens this sequence is expected to commit per target call (its mean accepted length so far;
+        1 before any step): the ``Y`` it brings to other sequences' choices (:class:`~specdec.adaptive.Load`)."""
+        s = self.stats
+        return s.committed / s.target_calls if s.target_calls else 1.0
+
+    # -- 0. prefill --------------------------------------------------------------------------------
+    def plan_prefill(self, limit: int | None = None) -> ScorePlan:
+        """The prompt's next chunk: at most ``limit`` tokens (``None``: all) of what the target cache does
+        not hold yet (the prefix cache may have copied a prefix); the last chunk asks for the logits of
+        the prompt's last position, which give the first token. The proposer prepares on the prompt up
+        to the chunk's end (a draft model prefills chunk by chunk too).
+
+        Raises:
+            BackendError: from the prefix cache's copy.
+        """
+        assert not self.prefilled and (limit is None or limit >= 1)
+        new = self.target.plan(self.context, 1)
+        partial = limit is not None and len(new) > limit
+        if partial:
+            new = new[:limit]
+        if self.proposer is not None:
+            self.proposer.prepare(self.context[: len(self.target.tokens) + len(new)])
+        return ScorePlan(EMPTY_PROPOSAL, (Draft([]),), (self.target,), (new,), partial=partial)
+
+    def prefill_chunk_done(self, plan: ScorePlan) -> None:
+        """Record that a partial prompt chunk (``plan.partial``) was evaluated."""
+        assert plan.partial
+        self.target.commit(plan.new[0])
 
     # -- 1. propose --------------------------------------------------------------------------------
     def draft_budget(self) -> int:
         """Drafts allowed this step: ``k_max``, fewer near ``max_tokens`` and the end of the context (the
-        target cache holds context + drafts, and at most k+1 tokens are committed); 0 on the prefill."""
-        if not self.prefilled:
-            return 0
+        target cache holds context + drafts, and at most k+1 tokens are committed)."""
         room = min(self.params.max_tokens - self.n_generated, self.model.n_ctx - len(self.context)) - 1
         return max(0, min(self.k_max, room))
 
     def propose(self) -> Proposal:
-        """This step's proposal; on the first step the proposer prepares (a draft model prefills)."""
-        assert not self.finished
-        if not self.prefilled and self.proposer is not None:
-            self.proposer.prepare(self.context)
+        """This step's proposal (after the prefill: :meth:`plan_prefill`)."""
+        assert not self.finished and self.prefilled
         k = self.draft_budget()
         if not k:
             return EMPTY_PROPOSAL
@@ -131,9 +170,8 @@ class SequenceState:
     # -- 2. score ----------------------------------------------------------------------------------
     def plan(self, proposal: Proposal) -> ScorePlan:
         """Roll the KV mirrors back and say what the target must score: [last committed token] + drafts
-        for each candidate (the whole prompt on the prefill). An alternative candidate is scored in a
-        sequence that shares the committed prefix (copied KV cells); it is dropped when no sequence is
-        free or the backend cannot copy."""
+        for each candidate. An alternative candidate is scored in a sequence that shares the committed
+        prefix (copied KV cells); it is dropped when no sequence is free or the backend cannot copy."""
         if proposal.empty:
             return ScorePlan(proposal, (Draft([]),), (self.target,), (self.target.plan(self.context, 1),))
         candidates, caches = [proposal.candidates[0]], [self.target]
@@ -163,6 +201,7 @@ class SequenceState:
         sliced off) for the verifier."""
         for cache, new in zip(plan.caches, plan.new):
             cache.commit(new)
+        self.call_tokens = plan.n_tokens if self.prefilled else 1  # the prompt's last chunk: a plain step next
         v = self.model.vocab_size
         return [TargetRows(logits[cache.seq_id][:, :v], c.tokens, self.sampling, self.noise, self.n_generated)
                 for cache, c in zip(plan.caches, plan.candidates)]

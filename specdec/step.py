@@ -2,8 +2,12 @@
 
 For a list of running sequences (one request alone, or a scheduler's whole batch):
 
-1. **propose**: each sequence's proposer drafts ``k`` tokens (one or more candidate continuations; none
-   on a plain step or the prompt's prefill);
+0. **prefill**: a sequence whose prompt is not evaluated yet adds its next chunk of the prompt to the
+   call, within the call's prefill budget (:mod:`specdec.prefill`; oldest sequence first; whole prompts
+   without a budget); the last chunk's logits give its first token (a plain step);
+1. **propose**: each prefilled sequence's proposer drafts ``k`` tokens (one or more candidate
+   continuations; none on a plain step), knowing what else shares the call (:class:`~specdec.adaptive.Load`:
+   the other sequences' tokens and expected commits, so ``auto`` prices its drafts at their marginal cost);
 2. **score**: the target evaluates [last committed token] + drafts of every candidate of every sequence
    in ONE backend call, giving ``[k+1, V]`` logits per candidate;
 3. **verify**: the sequence's verifier (greedy, speculative sampling, block, or the tree verifier for
@@ -28,7 +32,9 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from specdec.adaptive import ALONE, Load
 from specdec.backends.base import Backend
+from specdec.prefill import prefill_budget
 from specdec.proposers.base import Outcome
 from specdec.sequence import ScorePlan, SequenceState
 from specdec.verify import multi_candidate_verifier
@@ -85,22 +91,44 @@ class StepReport:
             raise e
 
 
-def speculative_step(target: Backend, seqs: Sequence[SequenceState], cost=None) -> StepReport:
+def speculative_step(target: Backend, seqs: Sequence[SequenceState], cost=None,
+                     prefill_chunk: int | None = None) -> StepReport:
     """One speculative step for every sequence in ``seqs`` (unfinished, each in its own KV sequence).
 
     Args:
         target: The target model's backend.
-        seqs: The running sequences.
-        cost: A :class:`~specdec.adaptive.CostModel` to learn from the report, or None.
+        seqs: The running sequences, oldest first (prompts are prefilled in this order).
+        cost: A :class:`~specdec.adaptive.CostModel` to learn from the report (and to price the prefill
+            budget and the proposals' load), or None.
+        prefill_chunk: Prompt tokens per call (:func:`specdec.prefill.prefill_budget`): ``None`` = whole
+            prompts, 0 = chosen from the cost model, ``n > 0`` = ``n``. A sequence beyond the budget
+            waits for the next step.
 
     Returns:
-        The step's report; finished sequences have ``finish_reason`` set.
+        The step's report; finished sequences have ``finish_reason`` set. A sequence still prefilling
+        commits nothing (``prefilled`` stays False) and has no outcome.
     """
     report = StepReport()
     plans: dict[SequenceState, ScorePlan] = {}
-    for seq in seqs:  # 1. propose, and plan what the target scores
+    running = [seq for seq in seqs if seq.prefilled]
+    # what each running sequence is expected to add to the call and commit: its last step's
+    expected = {seq: (seq.call_tokens, seq.committed_per_call) for seq in running}
+    budget = prefill_budget(prefill_chunk, cost, sum(t for t, _ in expected.values()),
+                            all(seq.params.greedy for seq in seqs))
+    for seq in seqs:  # 0. prefill: the prompts' next chunks, oldest first, within the budget
+        if seq.prefilled or budget == 0:
+            continue
         with report.isolate(seq):
-            plans[seq] = seq.plan(seq.propose())
+            plans[seq] = plan = seq.plan_prefill(budget)
+            budget = None if budget is None else budget - plan.n_tokens
+    load = Load(sum(p.n_tokens for p in plans.values()), sum(not p.partial for p in plans.values()))
+    for seq in running:  # 1. propose, and plan what the target scores
+        tokens, committed = expected.pop(seq)
+        others = Load(load.tokens + sum(t for t, _ in expected.values()),
+                      load.committed + sum(c for _, c in expected.values()))
+        with report.isolate(seq), _sharing(cost, others):
+            plans[seq] = plan = seq.plan(seq.propose())
+            load = Load(load.tokens + plan.n_tokens, load.committed + committed)
 
     t0 = time.perf_counter()  # 2. score every candidate of every sequence in one call
     logits, joint = _score(target, plans, report)
@@ -109,6 +137,9 @@ def speculative_step(target: Backend, seqs: Sequence[SequenceState], cost=None) 
         if seq not in logits:
             continue
         with report.isolate(seq):
+            if plan.partial:
+                seq.prefill_chunk_done(plan)
+                continue
             rows = seq.target_rows(plan, logits[seq])
             verifier = seq.verifier if len(rows) == 1 else multi_candidate_verifier(seq.verifier)
             result = verifier(plan.candidates, rows, seq.rng)
@@ -116,12 +147,25 @@ def speculative_step(target: Backend, seqs: Sequence[SequenceState], cost=None) 
 
     if joint:
         report.call = TargetCall(
-            n_tokens=sum(len(new) for p in plans.values() for new in p.new), n_sequences=len(plans),
+            n_tokens=sum(p.n_tokens for p in plans.values()), n_sequences=len(plans),
             n_candidates=sum(len(p.caches) for p in plans.values()), seconds=time.perf_counter() - t0,
             greedy=all(seq.params.greedy for seq in plans))
     if cost is not None:
         cost.observe_step(report)
     return report
+
+
+@contextlib.contextmanager
+def _sharing(cost, load: Load) -> Iterator[None]:
+    """Tell the cost model what shares the call while one sequence proposes (``auto`` reads it)."""
+    if cost is None:
+        yield
+        return
+    cost.load = load
+    try:
+        yield
+    finally:
+        cost.load = ALONE
 
 
 def _score(target: Backend, plans: dict[SequenceState, ScorePlan],

@@ -63,7 +63,8 @@ class TableLM(SequenceBook):
             seq = self._seqs[seq_id]
             seq.extend(int(t) for t in tokens)
             self._lengths[seq_id] = n = len(seq)
-            out[seq_id] = np.stack([self.logits_after(seq[: n - n_logits + i + 1]) for i in range(n_logits)])
+            rows = [self.logits_after(seq[: n - n_logits + i + 1]) for i in range(n_logits)]
+            out[seq_id] = np.stack(rows) if rows else np.empty((0, self.n_vocab), np.float32)
         return out
 
     def tokenize(self, text: str, special: bool = False) -> list[int]:

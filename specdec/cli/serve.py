@@ -32,6 +32,10 @@ def add_parser(sub) -> None:
     s.add_argument("--prefix-cache-tokens", type=int, default=8192,
                    help="tokens of finished requests kept per model to serve later requests' shared prefixes "
                         "(multi-turn chats, system prompts) without prefill (default 8192; 0 = off)")
+    s.add_argument("--prefill-chunk-tokens", type=int, default=0,
+                   help="prompt tokens per forward pass, so that running requests wait at most one chunk for "
+                        "their next token while a long prompt is prefilled (default 0 = chosen from the measured "
+                        "cost of a forward pass by its size)")
     s.set_defaults(run=run)
 
 
@@ -54,11 +58,12 @@ def run(args: argparse.Namespace) -> int:
     from specdec.server.access import is_loopback
 
     spec = spec_from_args(args)
-    for name in ("max_concurrency", "max_queue", "max_tokens_limit", "max_prompt_tokens", "max_body_bytes",
-                 "prefix_cache_tokens"):
+    zero_ok = ("max_queue", "prefix_cache_tokens", "prefill_chunk_tokens")
+    for name in ("max_concurrency", "max_tokens_limit", "max_prompt_tokens", "max_body_bytes", *zero_ok):
         value = getattr(args, name)
-        if value is not None and value < (0 if name in ("max_queue", "prefix_cache_tokens") else 1):
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+        if value is not None and value < (0 if name in zero_ok else 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be {'0 or more' if name in zero_ok else 'positive'}, "
+                             f"got {value}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     check_model_args(args)
@@ -74,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
         max_running=args.max_concurrency, max_waiting=args.max_queue, max_body_bytes=args.max_body_bytes,
         max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens_limit,
-        prefix_cache_tokens=args.prefix_cache_tokens,
+        prefix_cache_tokens=args.prefix_cache_tokens, prefill_chunk_tokens=args.prefill_chunk_tokens,
     )
     run_server(engine, config, host=args.host, port=args.port, drain_timeout=args.drain_timeout)
     return 0  # a dead scheduler raises SchedulerDiedError: one line and exit status 1 (specdec.cli.main)

@@ -111,7 +111,9 @@ class Proposer(Protocol):
     """Guesses the next tokens of one request's sequence."""
 
     def prepare(self, context: Sequence[int]) -> None:
-        """Called once with the prompt, during the prefill (a draft model prefills here)."""
+        """Called during the prompt's prefill, once per chunk of it, with the prompt up to the chunk's end
+        (a growing prefix; the last call, or the only one when the prompt is prefilled whole, has the
+        whole prompt); a draft model prefills here."""
 
     def propose(self, context: Sequence[int], k: int, params: SamplingParams, draws: Draws) -> Proposal:
         """Draft up to ``k`` tokens that follow ``context`` (prompt + committed tokens). A sampling

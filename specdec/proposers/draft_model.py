@@ -46,7 +46,8 @@ class DraftModelProposer:
         self._state: SamplingState | None = None
 
     def prepare(self, context: Sequence[int]) -> None:
-        """Prefill the draft with the prompt (and remember it: penalties count prompt tokens)."""
+        """Prefill the draft with the prompt, or its next chunk (and remember it: penalties count prompt
+        tokens; the last call has the whole prompt)."""
         self._prompt = list(context)
         self._state = None
         if not self.lazy_prefill:

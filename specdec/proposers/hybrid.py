@@ -10,7 +10,9 @@ long matches of this kind have run), ``draft`` for the draft model.
 - ``hybrid``: the n-gram continuation when its first-position acceptance estimate is at least 1/2,
   else the draft model; k = the number of leading positions whose estimate is at least 1/2 (at least 1).
 - ``auto``: the option (plain step, n-gram with k, draft with k) of highest predicted tokens per second,
-  with probes after runs of plain steps (:class:`~specdec.adaptive.ProbeSchedule`).
+  with probes after runs of plain steps (:class:`ProbeSchedule`). In a call shared with other sequences
+  the rate is the call's (eq. (3) of :mod:`specdec.adaptive`): drafts are priced by their marginal cost
+  there, so speculation turns itself off under load where it does not pay.
 
 The draft model is prefilled lazily, the first time it drafts, so a request that never needs it never
 pays its prefill. This module knows token ids and proposers; it never sees the target's logits.
@@ -109,6 +111,12 @@ class PredictionLog:
         return {"predicted_speedup": speedup, "steps": {s: dict(sorted(v.items())) for s, v in self.steps.items()}}
 
 
+def _gain(choice: Choice, plain: Choice) -> float:
+    """How much ``choice`` raises the call's predicted rate over ``plain``, in units of this request's own
+    plain rate (``1 / plain.seconds``): alone, ``choice.rate / plain.rate - 1``; in a shared call the
+    others' tokens are in both rates and do not dilute the comparison."""
+    return (choice.rate - plain.rate) * plain.seconds
+
 def _leading(accept: np.ndarray, threshold: float) -> int:
     """Number of leading entries of ``accept`` (``[K] float64``) at or above ``threshold``."""
     below = np.flatnonzero(accept < threshold)
@@ -158,7 +166,7 @@ class HybridProposer:
         return self.stats(kind).conditional(min(available, self.cap(source)))
 
     def prepare(self, context: Sequence[int]) -> None:
-        """Index the prompt; the draft model is prefilled lazily when it first drafts."""
+        """Index the prompt (or its next chunk); the draft model is prefilled lazily when it first drafts."""
         self.index.sync(context)
         if self.draft is not None:
             self.draft.prepare(context)
@@ -194,51 +202,53 @@ class HybridProposer:
         return Choice(None, 0, 1.0, math.nan)
 
     def _choose_auto(self, match: list[int], order: int, k: int, catchup: int, greedy: bool) -> Choice:
-        cm = self.cost
-        plain = cm.plain(greedy)
+        cm, load = self.cost, self.cost.load  # load: what else shares this step's target call, eq. (3)
+        plain = cm.plain(greedy, load)
         if math.isnan(plain.seconds):  # measure S(1) first
             return plain
         options: list[Choice] = []
         if match:
-            c = cm.best_k(self._accept("ngram", order, len(match)), lambda j: 0.0, greedy)
+            c = cm.best_k(self._accept("ngram", order, len(match)), lambda j: 0.0, greedy, load=load)
             if c is not None:
                 options.append(dataclasses.replace(c, source="ngram"))
         if self.draft is not None:
             cost = lambda j: cm.draft_seconds(j, catchup, greedy)  # noqa: E731
-            c = cm.best_k(self._accept("draft", order, k), cost, greedy)
-            ub = cm.best_k(np.ones(k), cost, greedy)  # perfect acceptance: could the draft ever pay?
-            if c is not None and ub is not None and ub.rate > DRAFT_MARGIN * plain.rate:
+            c = cm.best_k(self._accept("draft", order, k), cost, greedy, load=load)
+            ub = cm.best_k(np.ones(k), cost, greedy, load=load)  # perfect acceptance: could the draft ever pay?
+            if c is not None and ub is not None and _gain(ub, plain) > DRAFT_MARGIN - 1:
                 options.append(dataclasses.replace(c, source="draft"))
         best = max(options, key=lambda c: c.rate, default=None)
         if best is not None and best.rate > plain.rate:
             self.probe.speculating()
             return best
         if best is not None and self.probe.should_probe():
-            return self._probe(best, match, order, k, catchup, greedy, plain.seconds) or plain
+            return self._probe(best, match, order, k, catchup, greedy, plain) or plain
         return plain
 
     def _probe(self, best: Choice, match: list[int], order: int, k: int, catchup: int, greedy: bool,
-               plain_seconds: float) -> Choice | None:
+               plain: Choice) -> Choice | None:
         """A cheap step of ``best``'s source to refresh its acceptance estimate: the best k whose step is
-        predicted to take at most :data:`PROBE_COST` plain steps, the draft's catch-up paid in full (a
-        probe must not start a long draft prefill)."""
-        cm, budget = self.cost, PROBE_COST * plain_seconds
+        predicted to take at most :data:`PROBE_COST` - 1 lone plain steps longer than the plain step (in a
+        shared call: its marginal cost), the draft's catch-up paid in full (a probe must not start a long
+        draft prefill)."""
+        cm, load = self.cost, self.cost.load
+        budget = plain.seconds + (PROBE_COST - 1) * cm.step_seconds(1, greedy)
         if best.source == "ngram":
-            c = cm.best_k(self._accept("ngram", order, len(match)), lambda j: 0.0, greedy, budget)
+            c = cm.best_k(self._accept("ngram", order, len(match)), lambda j: 0.0, greedy, budget, load)
         else:
             cost = lambda j: cm.draft_seconds(j, catchup, greedy, horizon=1)  # noqa: E731
-            c = cm.best_k(self._accept("draft", order, k), cost, greedy, budget)
+            c = cm.best_k(self._accept("draft", order, k), cost, greedy, budget, load)
         return None if c is None else dataclasses.replace(c, source=best.source, probe=True)
 
     def _log(self, choice: Choice, order: int, catchup: int, greedy: bool) -> None:
-        """Add the step's prediction (non-optimistic sizes) to the request's log."""
-        cm, kind = self.cost, None
+        """Add the step's prediction (non-optimistic sizes, in the call's load) to the request's log."""
+        cm, kind, b = self.cost, None, self.cost.load.tokens
         if choice.source is not None and choice.k:
             kind = "draft" if choice.source == "draft" else f"ngram{order}"
         tokens = float(expected_tokens(self.stats(kind).conditional(choice.k))[-1]) if kind else 1.0
         prop = cm.draft_seconds(choice.k, catchup, greedy) if choice.source == "draft" else 0.0
-        seconds = prop + cm.step_seconds(choice.k + 1, greedy)
-        self.log.add(Choice(choice.source, choice.k, tokens, seconds, choice.probe), cm.step_seconds(1, greedy))
+        seconds = prop + cm.step_seconds(b + choice.k + 1, greedy)
+        self.log.add(Choice(choice.source, choice.k, tokens, seconds, choice.probe), cm.step_seconds(b + 1, greedy))
 
     # -- feedback -------------------------------------------------------------------------------
     def observe(self, outcome: Outcome) -> None:

@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from specdec.metrics import ServerMetrics
+from specdec.prefill import check_chunk_tokens
 from specdec.scheduler import Scheduler
 from specdec.server import logprobs, serving
 from specdec.server.access import AccessMiddleware
@@ -53,6 +54,9 @@ class ServerConfig:
         max_choices: Most choices (prompts x n) per request.
         prefix_cache_tokens: Tokens of finished requests kept per model as prefixes for later requests
             (multi-turn chats, shared system prompts; :meth:`Engine.enable_prefix_cache`); 0 disables it.
+        prefill_chunk_tokens: Prompt tokens per target call, so that running requests wait at most one
+            chunk for their next token: 0 = chosen from the measured call costs, ``None`` = whole prompts
+            (see :class:`~specdec.scheduler.Scheduler`).
     """
 
     model_name: str
@@ -66,6 +70,7 @@ class ServerConfig:
     max_tokens: int | None = None
     max_choices: int = 16
     prefix_cache_tokens: int = 8192
+    prefill_chunk_tokens: int | None = 0
 
 
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 429, 503)}
@@ -78,6 +83,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         ValueError: when the engine's backends hold fewer sequences than ``config.max_running``.
     """
     Scheduler.check_capacity(engine, config.max_running, config.max_waiting)
+    check_chunk_tokens(config.prefill_chunk_tokens)
     engine.enable_prefix_cache(config.max_running if config.prefix_cache_tokens else 0, config.prefix_cache_tokens)
     limits = serving.Limits(
         max_prompt_tokens=min(config.max_prompt_tokens or engine.n_ctx - 1, engine.n_ctx - 1),
@@ -90,7 +96,8 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
     async def lifespan(app: FastAPI):
         # app.state.on_fatal: set by run_server to stop uvicorn when the scheduler thread dies
         scheduler = Scheduler(engine, config.max_running, config.max_waiting,
-                              on_death=lambda e: (getattr(app.state, "on_fatal", None) or (lambda e: None))(e))
+                              on_death=lambda e: (getattr(app.state, "on_fatal", None) or (lambda e: None))(e),
+                              prefill_chunk_tokens=config.prefill_chunk_tokens)
         metrics = ServerMetrics(lambda: scheduler.num_waiting, lambda: scheduler.num_running, engine.cost)
         scheduler.metrics = metrics
         state.update(scheduler=scheduler, metrics=metrics)

@@ -1,0 +1,77 @@
+"""Chunked prefill: how many prompt tokens one target call may carry.
+
+A prompt prefilled whole inside the shared step stalls every running request for the whole prefill. Split
+into chunks, it rides along the running requests' decode steps, one chunk per call (Sarathi's
+piggybacking: Agrawal et al. 2023, arXiv 2308.16369), so a running request waits at most one chunk for its
+next token. The chunk size trades the running requests' inter-token latency against the new request's
+time to first token; as Sarathi-Serve does (Agrawal et al. 2024, arXiv 2403.02310), it is
+chosen from the measured cost curve ``S(n)`` (:class:`~specdec.adaptive.CostModel`): the chunk ``c`` grows
+while the call stays within a latency bound relative to the decode step alone,
+
+    S(d + c) <= PREFILL_STALL * S(d),        d = the call's decode tokens (at least 1)
+
+clipped to ``[PREFILL_MIN, PREFILL_MAX]`` and to twice the largest call measured (``S`` beyond it is
+extrapolated, so a chunk grows by doubling until the curve shows its cost); :data:`PREFILL_DEFAULT` before
+any call is measured. On a flat, GPU-like curve the bound allows hundreds of tokens at almost no cost to
+the running requests; on a compute-bound CPU it allows a handful, and :data:`PREFILL_MIN` keeps the prompt
+moving at close to its full prefill speed (the per-call overhead amortized) at the price of slower decode
+steps while it lasts.
+
+This module knows token counts and the cost model, not sequences or backends: the step asks it for a
+call's budget and spends it on the waiting prompts in admission order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+PREFILL_DEFAULT = 256
+"""Prompt tokens per call before any call is measured."""
+
+PREFILL_MIN = 32
+"""Fewest prompt tokens per call that the automatic budget allows (where the latency bound allows fewer)."""
+
+PREFILL_MAX = 2048
+"""Most prompt tokens per call that the automatic budget allows."""
+
+PREFILL_STALL = 4.0
+"""A call carrying a prompt chunk may take this many times the decode step without it."""
+
+
+def check_chunk_tokens(chunk_tokens: int | None) -> None:
+    """Raise ValueError unless ``chunk_tokens`` is a valid prefill setting: ``None`` (whole prompts), 0
+    (automatic) or a positive token count."""
+    if chunk_tokens is not None and (isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int)
+                                     or chunk_tokens < 0):
+        raise ValueError(f"prefill chunk tokens must be None (whole prompts), 0 (automatic) or a positive "
+                         f"number of tokens, got {chunk_tokens!r}")
+
+
+def prefill_budget(chunk_tokens: int | None, cost, decode_tokens: int, greedy: bool) -> int | None:
+    """Prompt tokens one target call may evaluate, all prompts together.
+
+    Args:
+        chunk_tokens: The setting: ``None`` = whole prompts (no limit), 0 = automatic (see the module
+            docstring), ``n > 0`` = ``n`` tokens.
+        cost: The engine's :class:`~specdec.adaptive.CostModel` (read only), or None (automatic then
+            gives :data:`PREFILL_DEFAULT`).
+        decode_tokens: Tokens the call's running sequences are expected to add (drafts plus one each).
+        greedy: Whether every sequence in the call decodes greedily (selects the ``S(n)`` table).
+
+    Returns:
+        The budget, at least 1 token; ``None`` for no limit.
+    """
+    if chunk_tokens is None or chunk_tokens > 0:
+        return chunk_tokens
+    if cost is None:
+        return PREFILL_DEFAULT
+    d = max(1, decode_tokens)
+    limit = min(PREFILL_MAX, cost.size_limit(greedy) - d)
+    s = cost.curve(d + max(limit, 0), greedy, optimistic=False)  # [d+limit+1] seconds
+    if np.isnan(s[d]):
+        return PREFILL_DEFAULT
+    if limit <= PREFILL_MIN:
+        return PREFILL_MIN
+    over = np.flatnonzero(s[d + 1:] > PREFILL_STALL * s[d])  # chunks c = over + 1 break the bound
+    c = int(over[0]) if len(over) else limit  # the largest chunk before the first that breaks it
+    return max(PREFILL_MIN, c)
