@@ -29,6 +29,10 @@ from specdec.types import ModelInfo
 from specdec.verify import Draft, NoiseDraws, PositionNoise, RandomDraws, TargetRows, Verifier, VerifyResult
 
 
+RECENT_WEIGHT = 0.5
+"""Weight of the last call in :attr:`SequenceState.committed_per_call`."""
+
+
 class TokenSink(Protocol):
     """Where committed generated tokens go (the request's :class:`~specdec.output.Output`)."""
 
@@ -107,6 +111,7 @@ class SequenceState:
         self.finish_reason: str | None = None
         self._aux: list[SequenceCache] = []  # sequences of alternative candidates, during a step
         self.call_tokens = 1  # tokens this sequence added to its last decode step's target call
+        self._recent_committed = 1.0
         self._t0 = time.perf_counter()
         self._t_first: float | None = None
 
@@ -122,10 +127,12 @@ class SequenceState:
 
     @property
     def committed_per_call(self) -> float:
-        """Tokens this sequence is expected to commit per target call (its mean accepted length so far;
-        1 before any step): the ``Y`` it brings to other sequences' choices (:class:`~specdec.adaptive.Load`)."""
-        s = self.stats
-        return s.committed / s.target_calls if s.target_calls else 1.0
+        """Tokens this sequence is expected to commit in its next target call: a moving average over its
+        last calls (weight :data:`RECENT_WEIGHT` on the last; 1 before any), the ``Y`` it brings to other
+        sequences' choices (:class:`~specdec.adaptive.Load`). Recent, not the mean of its life: when the
+        batch starts drafting, the others must see what drafting now commits, or each would price its
+        own drafts against a stale, too slow call and all keep drafting where none pays."""
+        return self._recent_committed
 
     # -- 0. prefill --------------------------------------------------------------------------------
     def plan_prefill(self, limit: int | None = None) -> ScorePlan:
@@ -237,6 +244,7 @@ class SequenceState:
             if self.finished:
                 break
         self.stats.record_step(len(drafts), result.num_accepted, kept)
+        self._recent_committed += RECENT_WEIGHT * (kept - self._recent_committed)
         if self.noise is not None:
             self.noise.forget_before(self.n_generated)
         if self._t_first is None:

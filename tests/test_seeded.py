@@ -39,7 +39,7 @@ class JitterCost(CostModel):
     def step_seconds(self, n, greedy, optimistic=False):
         return 0.01 * (1 + 0.3 * (n - 1)) * self.rng.uniform(0.3, 3.0)
 
-    def curve(self, n_max, greedy):
+    def curve(self, n_max, greedy, optimistic=True):
         return np.array([np.nan] + [self.step_seconds(n, greedy) for n in range(1, n_max + 1)])
 
 

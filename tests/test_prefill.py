@@ -1,0 +1,232 @@
+"""Chunked prefill: the per-call prompt budget (from the cost curve), a long prompt joining a running
+batch chunk by chunk (the others keep getting a token every call), and unchanged outputs (greedy and
+seeded, with and without chunks). Token counts come from the step's reports and a spy on the backends,
+never from wall time."""
+
+import math
+
+import pytest
+from fake_lm import TableLM
+from server_helpers import LONG, PROMPTS, tiny_engine
+
+from specdec.adaptive import CostModel
+from specdec.engine import Engine
+from specdec.params import SamplingParams, SpecConfig
+from specdec.prefill import PREFILL_DEFAULT, PREFILL_MAX, PREFILL_MIN, PREFILL_STALL, check_chunk_tokens, prefill_budget
+from specdec.scheduler import Scheduler
+
+CHUNK = 16
+LONG_PROMPT = "A fox and a dog lived by a river. " * 7  # ~200 tokens, no prefix shared with PROMPTS or LONG
+GREEDY = SamplingParams(temperature=0.0, max_tokens=40)
+
+
+def measured(seconds, sizes) -> CostModel:
+    """A cost model that measured ``seconds(n)`` three times at each of ``sizes`` (greedy calls)."""
+    cost = CostModel()
+    for n in sizes:
+        for _ in range(3):
+            cost.observe_target(n, seconds(n), True)
+    return cost
+
+
+# -- the budget --------------------------------------------------------------------------------------
+
+def test_budget_settings():
+    assert prefill_budget(None, None, 3, True) is None  # whole prompts
+    assert prefill_budget(CHUNK, measured(lambda n: 1.0, [1]), 3, True) == CHUNK  # fixed
+    assert prefill_budget(0, None, 3, True) == PREFILL_DEFAULT  # automatic, no cost model
+    assert prefill_budget(0, CostModel(), 3, True) == PREFILL_DEFAULT  # automatic, nothing measured yet
+    for bad in (-1, 2.5, True, "16"):
+        with pytest.raises(ValueError, match="prefill chunk tokens"):
+            check_chunk_tokens(bad)
+    with pytest.raises(ValueError, match="prefill chunk tokens"):
+        Scheduler(_NoEngine(), prefill_chunk_tokens=-1)
+
+
+class _NoEngine:
+    capacity = 8
+
+
+def test_budget_on_a_compute_bound_curve_is_the_floor():
+    """S(n) = 20 ms + 15 ms n (a CPU): four decode steps' time buys a few prompt tokens, so the floor
+    applies and the prompt still moves at close to full speed."""
+    cost = measured(lambda n: 0.020 + 0.015 * n, [1, 2, 4, 8, 16, 64, 256])
+    d = 2
+    allowed = max(c for c in range(1, 300) if 0.020 + 0.015 * (d + c) <= PREFILL_STALL * (0.020 + 0.015 * d))
+    assert allowed < PREFILL_MIN
+    assert prefill_budget(0, cost, d, True) == PREFILL_MIN
+
+
+def test_budget_on_a_flat_curve_grows_to_the_knee():
+    """S(n) = 10 ms up to 512 tokens, then linear (a GPU): the chunk is the largest whose call stays within
+    PREFILL_STALL decode steps; measured only up to 64, it doubles (twice the largest measured size)."""
+    gpu = lambda n: 0.010 + 0.0001 * max(0, n - 512)  # noqa: E731
+    full = measured(gpu, [1, 2, 4, 8, 64, 256, 512, 1024, 2048, 4000])
+    d = 4
+    knee = max(c for c in range(1, 4000) if gpu(d + c) <= PREFILL_STALL * gpu(d))  # 812
+    assert prefill_budget(0, full, d, True) == pytest.approx(knee, abs=1)
+    assert PREFILL_MIN < knee < PREFILL_MAX
+    young = measured(gpu, [1, 2, 4, 8, 64])
+    assert prefill_budget(0, young, d, True) == 2 * 64 - d
+
+
+def test_budget_is_read_from_the_other_mode_when_one_is_unmeasured():
+    cost = measured(lambda n: 0.010, [1, 64])
+    assert prefill_budget(0, cost, 1, greedy=False) == prefill_budget(0, cost, 1, greedy=True) == 127
+
+
+# -- the step --------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def engine(tiny_target_path, tiny_draft_path):
+    return tiny_engine(tiny_target_path, tiny_draft_path)
+
+
+@pytest.fixture
+def calls(engine, monkeypatch):
+    """Records, per backend call, ``{seq_id: tokens}`` of the target (``calls["target"]``) and the draft."""
+    out = {"target": [], "draft": []}
+    for name in out:
+        backend = getattr(engine, name)
+        real = backend.eval
+
+        def eval(batch, real=real, log=out[name]):
+            log.append({s: len(tokens) for s, (tokens, _) in batch.items()})
+            return real(batch)
+
+        monkeypatch.setattr(backend, "eval", eval)
+    return out
+
+
+def run(engine, prompts, params, spec, chunk, join_at=2):
+    """Step ``prompts[:-1]`` (the running requests) until they are prefilled and ``join_at`` steps more,
+    then let the last prompt join; step until all finish.
+
+    Returns:
+        ``(token ids of each, target sequence ids of each, steps from the join on)``; a step is
+        ``(report, {request: tokens it committed})``.
+    """
+    seeded = lambda i: params.replace(seed=None if params.seed is None else params.seed + i)  # noqa: E731
+    reqs = [engine.admit(p, seeded(i), spec) for i, p in enumerate(prompts[:-1])]
+    try:
+        while not all(r.seq.prefilled for r in reqs):
+            engine.step(reqs, chunk).raise_failure()
+        for _ in range(join_at):
+            engine.step(reqs, chunk).raise_failure()
+        assert not any(r.finished for r in reqs)
+        reqs.append(engine.admit(prompts[-1], seeded(len(reqs)), spec))
+        ids = [r.seq.target.seq_id for r in reqs]
+        steps = []
+        while not all(r.finished for r in reqs):
+            live = [r for r in reqs if not r.finished]
+            before = {r: r.seq.n_generated for r in live}
+            report = engine.step(live, chunk)
+            report.raise_failure()
+            steps.append((report, {r: r.seq.n_generated - n for r, n in before.items()}))
+        return [r.output.token_ids for r in reqs], ids, steps
+    finally:
+        for r in reqs:
+            r.close()
+
+
+def first_token_step(steps, i) -> int:
+    """Index of the step in which the ``i``-th request committed its first token."""
+    return next(j for j, (_, got) in enumerate(steps) if list(got.values())[i] > 0)
+
+
+@pytest.mark.parametrize("method", ["none", "draft", "auto"])
+def test_a_long_prompt_delays_the_running_requests_by_at_most_one_chunk(engine, calls, method):
+    """While a long prompt joins, every target call carries at most one chunk of it and every running
+    request's step (at most k+1 tokens), and every running request commits a token in every call."""
+    spec = SpecConfig(method=method, num_speculative_tokens=3)
+    params = GREEDY.replace(max_tokens=60, min_tokens=60)  # the running requests outlast the prefill
+    prompts = [engine.encode_prompt(p) for p in (LONG, PROMPTS[1], LONG_PROMPT)]
+    n_chunks = math.ceil(len(prompts[-1]) / CHUNK)
+    calls["target"].clear()
+    calls["draft"].clear()
+    out, ids, steps = run(engine, prompts, params, spec, CHUNK)
+    *running, joining = ids
+    target_calls = calls["target"][-len(steps):]  # one target call per step
+    assert first_token_step(steps, 2) == n_chunks - 1, "the long prompt took one call per chunk"
+    for (report, got), call in zip(steps[:n_chunks], target_calls):
+        assert call[joining] <= CHUNK
+        assert all(1 <= call[s] <= 4 for s in running)
+        assert report.call.n_tokens == sum(call.values()) <= CHUNK + 4 * len(running)
+        assert all(n >= 1 for n in list(got.values())[:-1]), "a running request waited for the prompt"
+    if method == "draft":  # the draft model prefills chunk by chunk too
+        assert max(max(c.values()) for c in calls["draft"]) <= CHUNK
+    whole, _, _ = run(engine, prompts, params, spec, None)
+    solo = [engine.generate(p, params, spec).token_ids for p in prompts]
+    assert out == whole == solo
+
+
+def test_seeded_outputs_do_not_change_with_chunks(engine):
+    params = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=30, seed=11)
+    prompts = [engine.encode_prompt(p) for p in (PROMPTS[0], PROMPTS[3], LONG_PROMPT)]
+    for method in ("draft", "ngram", "auto"):
+        spec = SpecConfig(method=method, num_speculative_tokens=3)
+        chunked, _, _ = run(engine, prompts, params, spec, CHUNK)
+        whole, _, _ = run(engine, prompts, params, spec, None)
+        plain = [engine.generate(p, params.replace(seed=11 + i), SpecConfig(method="none")).token_ids
+                 for i, p in enumerate(prompts)]
+        assert chunked == whole == plain, method
+
+
+def test_automatic_budget_chunks_a_prompt_by_the_measured_curve(engine, calls):
+    """With chunk 0 the budget comes from the engine's cost model: fed a compute-bound curve, the prompt
+    goes in PREFILL_MIN-token chunks."""
+    real = engine.cost
+    engine.cost = measured(lambda n: 0.020 + 0.015 * n, [1, 2, 4, 8, 64, 256])
+    engine.cost.observe_target = lambda *a: None  # frozen: the tiny model's own timings are ignored
+    try:
+        prompts = [engine.encode_prompt(p) for p in (LONG, LONG_PROMPT)]
+        calls["target"].clear()
+        out, _, steps = run(engine, prompts, GREEDY, SpecConfig(method="none"), 0)
+    finally:
+        engine.cost = real
+    assert first_token_step(steps, 1) == math.ceil(len(prompts[-1]) / PREFILL_MIN) - 1
+    assert max(max(c.values()) for c in calls["target"]) == PREFILL_MIN
+    assert out == [engine.generate(p, GREEDY, SpecConfig(method="none")).token_ids for p in prompts]
+
+
+def test_scheduler_prefills_a_joining_prompt_in_chunks(engine, calls):
+    """Through the scheduler thread: the running request is in every call that carries a chunk of the
+    new prompt, and both outputs equal their solo runs; the new request emits nothing before its first
+    token."""
+    spec = SpecConfig(method="none")
+    running, joining = engine.encode_prompt(LONG), engine.encode_prompt(LONG_PROMPT)
+    params = GREEDY.replace(max_tokens=80, min_tokens=80)
+    sched = Scheduler(engine, max_running=4, prefill_chunk_tokens=CHUNK)
+    try:
+        first = sched.stream(running, params, spec)
+        head = [next(first)]
+        calls["target"].clear()
+        chunks = list(sched.stream(joining, GREEDY, spec))
+        rest = list(first)
+    finally:
+        sched.close()
+    carrying = [c for c in calls["target"] if max(c.values()) > 1]
+    assert chunks[0].token_ids, "no empty chunk for a prompt still being prefilled"
+    assert [t for c in chunks for t in c.token_ids] == engine.generate(joining, GREEDY, spec).token_ids
+    assert [t for c in head + rest for t in c.token_ids] == engine.generate(running, params, spec).token_ids
+    assert len(carrying) >= math.ceil(len(joining) / CHUNK) - 1
+    assert all(max(c.values()) <= CHUNK and len(c) == 2 for c in carrying), carrying
+
+
+def test_budget_is_spent_oldest_prompt_first():
+    """Two prompts waiting: the older takes the budget first, the newer gets what is left, then follows."""
+    engine = Engine(TableLM(vocab=40, seed=0), spec=SpecConfig(method="none"))
+    a, b = engine.admit(list(range(1, 31))), engine.admit(list(range(2, 17)))
+    try:
+        report = engine.step([a, b], 20)
+        assert (report.call.n_tokens, report.call.n_sequences, report.outcomes) == (20, 1, [])
+        report = engine.step([a, b], 20)  # a's last 10 tokens, b's first 10
+        assert (report.call.n_tokens, report.call.n_sequences, len(report.outcomes)) == (20, 2, 1)
+        assert a.seq.prefilled and a.seq.n_generated == 1 and not b.seq.prefilled
+        report = engine.step([a, b], 20)
+        assert report.call.n_tokens == 1 + 5 and b.seq.prefilled
+        ref = engine.generate(list(range(1, 31)), GREEDY.replace(max_tokens=2), SpecConfig(method="none"))
+        assert a.output.token_ids == ref.token_ids
+    finally:
+        a.close()
+        b.close()
