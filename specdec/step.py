@@ -130,6 +130,7 @@ def speculative_step(target: Backend, seqs: Sequence[SequenceState], cost=None,
             plans[seq] = plan = seq.plan(seq.propose())
             load = Load(load.tokens + plan.n_tokens, load.committed + committed)
 
+    plans = {seq: plans[seq] for seq in seqs if seq in plans}  # the batch in the callers' order
     t0 = time.perf_counter()  # 2. score every candidate of every sequence in one call
     logits, joint = _score(target, plans, report)
 

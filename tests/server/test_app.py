@@ -282,3 +282,20 @@ def test_second_turn_is_served_from_the_prefix_cache(server, client):
     assert server.metric("specdec_prefix_cache_hits_total") - hits == cached
     again = client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=16)
     assert again.choices[0].message.content == second.choices[0].message.content
+
+
+def test_server_prefills_long_prompts_in_chunks(engine, monkeypatch):
+    """``prefill_chunk_tokens`` reaches the scheduler: a long prompt is evaluated 16 tokens a call, and
+    the answer is the one its whole-prompt prefill gives."""
+    prompt = "A fox and a dog lived by a river. " * 6
+    ids = engine.encode_prompt(prompt)
+    ref = engine.generate(ids, SamplingParams(temperature=0, max_tokens=8))
+    sizes = []
+    real = engine.target.eval
+    monkeypatch.setattr(engine.target, "eval", lambda batch: sizes.append(
+        sum(len(t) for t, _ in batch.values())) or real(batch))
+    with LiveServer(engine, max_running=2, prefill_chunk_tokens=16) as srv:
+        body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "speculative": {"method": "none"}}
+        out = httpx.post(f"{srv.url}/completions", json=body, timeout=60).json()
+    assert out["choices"][0]["text"] == ref.text
+    assert max(sizes) == 16 and len(sizes) >= len(ids) // 16

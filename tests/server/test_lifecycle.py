@@ -65,6 +65,7 @@ def test_sigterm_drains_in_flight_stream(tiny_target_path, tiny_draft_path):
 @pytest.mark.parametrize("args,message", [
     (["--port", "70000"], "--port must be in 0..65535"),
     (["--max-concurrency", "0"], "--max-concurrency must be positive"),
+    (["--prefill-chunk-tokens", "-1"], "--prefill-chunk-tokens must be 0 or more"),
     (["-k", "99"], "num-speculative-tokens"),
     (["--port", "BUSY"], "cannot listen on 127.0.0.1:"),
 ])
