@@ -38,14 +38,16 @@ step sets before each proposal):
     rate(k) = (E(k) + Y) / (D(k) + S(B + k + 1)),    rate(0) = (1 + Y) / S(B + 1)            (3)
 
 which is (2) for a lone request (``B = Y = 0``). On a flat, GPU-like curve ``S(B + k + 1) ~ S(B + 1)`` and
-speculation pays at any batch size; on a compute-bound curve ``S(n) ~ a + b n`` the drafts' marginal cost
+cheap drafts pay at any batch size (a draft model's ``D(k)`` delays the whole call, so it is weighed
+against what the whole call commits); on a compute-bound curve ``S(n) ~ a + b n`` the drafts' marginal cost
 ``b k`` stays while the plain call's rate ``(1 + Y) / (a + b (B + 1))`` grows with the batch (the fixed
 cost ``a`` is shared), so beyond some batch no k pays and speculation switches itself off: the rule vLLM
 hard-codes as a batch-size threshold (``speculative_disable_by_batch_size``), here derived from the
 measured curve.
 
 This module knows numbers only: no models, tokens or arrays of logits. Nothing writes the cost model but
-:meth:`CostModel.observe_step`; proposers only read it. (Past 300 lines on purpose: the timing table, the
+:meth:`CostModel.observe_step` (and the step, which sets :attr:`CostModel.load` while a sequence
+proposes); proposers only read it. (Past 300 lines on purpose: the timing table, the
 acceptance estimator and the choice are one model, each part meaningless without the others.)
 """
 
@@ -290,7 +292,8 @@ class Load:
 
     Attributes:
         tokens: ``B``, tokens the other sequences add to the call (their drafts plus one, prompt chunks).
-        committed: ``Y``, tokens they are expected to commit (mean accepted lengths; 0 for a prompt chunk).
+        committed: ``Y``, tokens they are expected to commit (recent accepted lengths; 1 for a prompt's last
+            chunk, 0 for its other chunks).
     """
 
     tokens: int = 0
@@ -318,7 +321,8 @@ class CostModel:
         """What shares the call being planned: set by the speculative step before each sequence proposes
         (:func:`specdec.step.speculative_step`), read by ``auto``; :data:`ALONE` outside a step."""
         self._version = 0  # bumped by every target measurement (invalidates ``curve``)
-        self._curves: dict[tuple, np.ndarray] = {}
+        self._curves: dict[tuple, np.ndarray] = {}  # (greedy, optimistic) -> [CALL_N_MAX+1] S(n)
+        self._curves_version = -1  # the _version they were computed at
 
     # -- feedback -------------------------------------------------------------------------------
     def observe_step(self, report) -> None:
@@ -430,8 +434,8 @@ class CostModel:
         table's last: its last), optimistic by default, computed once per new measurement: a decision
         between plain steps must cost far less than a step."""
         key = (greedy, optimistic)
-        if self._curves.get("version") != self._version:
-            self._curves = {"version": self._version}
+        if self._curves_version != self._version:
+            self._curves, self._curves_version = {}, self._version
         if key not in self._curves:
             table = self.target[greedy] if self.target[greedy].measured else self.target[not greedy]
             self._curves[key] = table.curve(optimistic)

@@ -230,3 +230,21 @@ def test_budget_is_spent_oldest_prompt_first():
     finally:
         a.close()
         b.close()
+
+
+def test_only_the_uncached_tail_is_chunked(engine, calls):
+    """A prompt sharing a prefix with a finished request copies it (prefix cache) and prefills only the
+    rest, chunk by chunk."""
+    engine.enable_prefix_cache(2, 4096)
+    try:
+        first = engine.encode_prompt(LONG_PROMPT)
+        engine.generate(first, GREEDY.replace(max_tokens=2), SpecConfig(method="none"))  # parked
+        second = first + engine.encode_prompt(" And then the river ran dry, and they moved away.")
+        calls["target"].clear()
+        out, _, steps = run(engine, [engine.encode_prompt(LONG), second], GREEDY, SpecConfig(method="none"), CHUNK)
+    finally:
+        engine.enable_prefix_cache(0, 0)
+    tail = len(second) - len(first)
+    assert first_token_step(steps, 1) == math.ceil(tail / CHUNK) - 1
+    assert max(max(c.values()) for c in calls["target"]) <= CHUNK
+    assert out[1] == engine.generate(second, GREEDY, SpecConfig(method="none")).token_ids

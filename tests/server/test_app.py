@@ -294,7 +294,8 @@ def test_server_prefills_long_prompts_in_chunks(engine, monkeypatch):
     real = engine.target.eval
     monkeypatch.setattr(engine.target, "eval", lambda batch: sizes.append(
         sum(len(t) for t, _ in batch.values())) or real(batch))
-    with LiveServer(engine, max_running=2, prefill_chunk_tokens=16) as srv:
+    # no prefix cache: the reference run's prompt must not be reused
+    with LiveServer(engine, max_running=2, prefill_chunk_tokens=16, prefix_cache_tokens=0) as srv:
         body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "speculative": {"method": "none"}}
         out = httpx.post(f"{srv.url}/completions", json=body, timeout=60).json()
     assert out["choices"][0]["text"] == ref.text
