@@ -123,7 +123,7 @@ def speculative_step(target: Backend, seqs: Sequence[SequenceState], cost=None,
             budget = None if budget is None else budget - plan.n_tokens
     load = Load(sum(p.n_tokens for p in plans.values()), sum(not p.partial for p in plans.values()))
     for seq in running:  # 1. propose, and plan what the target scores
-        tokens, committed = expected.pop(seq)
+        _, committed = expected.pop(seq)
         others = Load(load.tokens + sum(t for t, _ in expected.values()),
                       load.committed + sum(c for _, c in expected.values()))
         with report.isolate(seq), _sharing(cost, others):

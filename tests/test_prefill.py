@@ -31,6 +31,12 @@ def measured(seconds, sizes) -> CostModel:
 
 # -- the budget --------------------------------------------------------------------------------------
 
+class _NoEngine:
+    """Enough of an engine for the scheduler's argument checks."""
+
+    capacity = 8
+
+
 def test_budget_settings():
     assert prefill_budget(None, None, 3, True) is None  # whole prompts
     assert prefill_budget(CHUNK, measured(lambda n: 1.0, [1]), 3, True) == CHUNK  # fixed
@@ -41,10 +47,6 @@ def test_budget_settings():
             check_chunk_tokens(bad)
     with pytest.raises(ValueError, match="prefill chunk tokens"):
         Scheduler(_NoEngine(), prefill_chunk_tokens=-1)
-
-
-class _NoEngine:
-    capacity = 8
 
 
 def test_budget_on_a_compute_bound_curve_is_the_floor():
