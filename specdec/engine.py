@@ -16,6 +16,7 @@ from specdec.backends.chat_template import chat_pieces, encode_pieces
 from specdec.output import StreamChunk
 from specdec.params import SamplingParams, SpecConfig
 from specdec.proposers import PROPOSERS, Proposer, ProposerContext
+from specdec.proposers.suffix_index import SuffixCache
 from specdec.request import Request, new_request
 from specdec.step import speculative_step
 from specdec.types import GenerationResult, ModelInfo
@@ -45,6 +46,7 @@ class Engine:
             check_vocab_compatible(target, draft)
         self.check_spec(self.spec)
         self.cost = CostModel()  # timings of these models on this machine, fed by every step's report
+        self.suffix_cache: SuffixCache | None = None  # earlier outputs for suffix decoding: off by default
         n_ctx = min(target.n_ctx, draft.n_ctx) if draft is not None else target.n_ctx
         # The real vocabulary, shared by target and draft (checked above); see ModelInfo.vocab_size.
         vocab_size = min(target.n_vocab, target.vocab_fingerprint()[0])
@@ -87,6 +89,21 @@ class Engine:
         for backend in (self.target, self.draft):
             if backend is not None and hasattr(backend, "prefix"):
                 backend.prefix.configure(max_sequences, max_tokens)
+
+    def enable_suffix_cache(self, max_tokens: int) -> None:
+        """Keep the outputs of finished requests (up to ``max_tokens`` tokens, oldest first to go) for
+        suffix decoding in later requests (``method="suffix"``): repeated tasks then draft from each
+        other's answers. 0 turns it off and forgets them.
+
+        This is a side channel between the engine's users: how fast a request decodes shows whether an
+        earlier output contained the text it generates (see SECURITY.md). Off unless called.
+
+        Raises:
+            ValueError: for a negative ``max_tokens``.
+        """
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        self.suffix_cache = SuffixCache(max_tokens) if max_tokens else None
 
     def check_spec(self, spec: SpecConfig) -> None:
         """Raise ValueError when ``spec`` cannot run on this engine (a draft method without a draft)."""
@@ -190,7 +207,8 @@ class Engine:
         spec = spec or self.spec
         if proposer is None:
             self.check_spec(spec)
-        context = ProposerContext(draft=self.draft, vocab_size=self.info.vocab_size, cost=self.cost)
+        context = ProposerContext(draft=self.draft, vocab_size=self.info.vocab_size, cost=self.cost,
+                                  suffix_cache=self.suffix_cache)
         return new_request(self.info, self.target, prompt_ids, params, spec, context, proposer)
 
     def step(self, requests: Sequence[Request], prefill_chunk: int | None = None):

@@ -24,6 +24,13 @@ MAX_NGRAM = 32
 """Longest n-gram prompt lookup matches (``SpecConfig.ngram_max``): its index stores every n-gram up to it
 for every token, so an unbounded value exhausts memory; matches that long are rare anyway."""
 
+MAX_SUFFIX_DEPTH = 256
+"""Longest context suffix decoding keeps counts for (``SpecConfig.suffix_depth``): updating the index costs
+up to this many steps per token on periodic text."""
+
+MAX_ALTERNATIVES = 8
+"""Most extra candidates per step (``SpecConfig.suffix_alternatives``); each needs a free KV sequence."""
+
 PLAIN_METHOD = "none"
 """The method name of plain decoding (no proposer)."""
 
@@ -211,17 +218,25 @@ class SpecConfig:
 
     Attributes:
         method: A proposer registered in :data:`specdec.proposers.PROPOSERS` (``"auto"``, ``"hybrid"``,
-            ``"draft"``, ``"ngram"``) or ``"none"`` (plain decoding). ``draft``: the draft model;
-            ``ngram``: prompt lookup; ``hybrid``: n-gram lookup, else the draft model, k from acceptance
-            statistics; ``auto``: hybrid with k (0 included) chosen each step by the cost model of
-            :mod:`specdec.adaptive`.
-        num_speculative_tokens: ``k``, the most draft tokens per target call (fixed for draft/ngram, the
-            cap for hybrid/auto); ``None``: the method's registered default (:func:`default_k`).
+            ``"draft"``, ``"ngram"``, ``"suffix"``) or ``"none"`` (plain decoding). ``draft``: the draft
+            model; ``ngram``: prompt lookup; ``suffix``: suffix decoding (continuation counts, stops at low
+            confidence, optional token trees); ``hybrid``: n-gram lookup, else the draft model, k from
+            acceptance statistics; ``auto``: hybrid with k (0 included) chosen each step by the cost model
+            of :mod:`specdec.adaptive`.
+        num_speculative_tokens: ``k``, the most draft tokens per target call: a cap in every method
+            (``draft`` drafts exactly k unless ``draft_p_min`` stops it; ``ngram`` and ``suffix`` stop
+            where their match gives out); ``None``: the method's registered default (:func:`default_k`).
         draft_p_min: Draft early stop (llama.cpp's ``--draft-p-min``): the draft model stops drafting
             when its top probability falls below this; 0 disables it.
         ngram_max: Longest suffix n-gram the prompt-lookup proposer tries to match (at most
             :data:`MAX_NGRAM`).
         ngram_min: Shortest suffix n-gram the prompt-lookup proposer tries to match.
+        suffix_depth: ``suffix``: the longest context (tokens) whose continuation counts are kept (at
+            most :data:`MAX_SUFFIX_DEPTH`); longer matches still count for the proposal's length.
+        suffix_min_prob: ``suffix``: a proposal stops where the cumulative confidence of its drafts (the
+            product of count ratios) falls below this, in [0, 1] (ArcticInference's ``min_token_prob``).
+        suffix_alternatives: ``suffix``: most extra candidate branches per step, scored in the same target
+            call and verified as a token tree (0: one path).
         verify: The verifier of sampled requests, a sampling entry of :data:`specdec.verify.VERIFIERS`:
             ``"block"`` (block verification, Sun et al. 2024, arXiv 2403.10444), ``"token"``
             (token-by-token speculative sampling, Leviathan et al. 2023) or ``"gumbel"`` (drafter-invariant
@@ -241,6 +256,9 @@ class SpecConfig:
     ngram_min: int = 1
     verify: str | None = None
     draft_p_min: float = 0.0
+    suffix_depth: int = 32
+    suffix_min_prob: float = 0.1
+    suffix_alternatives: int = 0
 
     def __post_init__(self) -> None:
         methods = method_names()
@@ -248,10 +266,18 @@ class SpecConfig:
             raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(methods)}")
         if self.num_speculative_tokens is None:
             object.__setattr__(self, "num_speculative_tokens", default_k(self.method))
-        for name in ("num_speculative_tokens", "ngram_min", "ngram_max", "draft_p_min"):
-            object.__setattr__(self, name, _number(name, getattr(self, name), integer=name != "draft_p_min"))
+        for name in ("num_speculative_tokens", "ngram_min", "ngram_max", "draft_p_min", "suffix_depth",
+                     "suffix_min_prob", "suffix_alternatives"):
+            object.__setattr__(self, name, _number(name, getattr(self, name),
+                                                   integer=name not in ("draft_p_min", "suffix_min_prob")))
         if not 0 <= self.draft_p_min < 1:
             raise ValueError(f"draft_p_min must be in [0, 1), got {self.draft_p_min}")
+        if not 1 <= self.suffix_depth <= MAX_SUFFIX_DEPTH:
+            raise ValueError(f"suffix_depth must be in 1..{MAX_SUFFIX_DEPTH}, got {self.suffix_depth}")
+        if not 0 <= self.suffix_min_prob <= 1:
+            raise ValueError(f"suffix_min_prob must be in [0, 1], got {self.suffix_min_prob}")
+        if not 0 <= self.suffix_alternatives <= MAX_ALTERNATIVES:
+            raise ValueError(f"suffix_alternatives must be in 0..{MAX_ALTERNATIVES}, got {self.suffix_alternatives}")
         verifiers = verifier_names()
         if self.verify is not None and self.verify not in verifiers:
             raise ValueError(f"unknown verify {self.verify!r}; choose one of {', '.join(verifiers)}")

@@ -6,6 +6,7 @@ from specdec.proposers.base import (
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.hybrid import HybridProposer
 from specdec.proposers.ngram import NgramProposer
+from specdec.proposers.suffix import SuffixProposer
 
 __all__ = ["EMPTY_PROPOSAL", "PROPOSERS", "DraftCost", "DraftModelProposer", "HybridProposer", "NgramProposer",
-           "Outcome", "Proposal", "Proposer", "ProposerContext", "ProposerEntry", "register"]
+           "Outcome", "Proposal", "Proposer", "ProposerContext", "ProposerEntry", "SuffixProposer", "register"]

@@ -13,6 +13,7 @@ method's default ``num_speculative_tokens``. Method names exist here and nowhere
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from specdec.adaptive import CostModel
     from specdec.backends.base import Backend
     from specdec.params import SpecConfig
+    from specdec.proposers.suffix_index import SuffixCache
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,8 @@ class Proposal:
         kind: The kind of proposal whose acceptance the engine pools (``"draft"``, ``"ngram3"``, ...),
             or ``None`` to pool nothing (proposers without statistics).
         draft_cost: What drafting cost a draft model, or ``None`` when no model ran.
+        confidence: ``[k'] float`` the proposer's estimate of each main-candidate draft's acceptance given
+            the earlier ones accepted (suffix decoding: count ratios), or ``()`` when it has none.
     """
 
     tokens: list[int]
@@ -73,6 +77,7 @@ class Proposal:
     alternatives: tuple[Draft, ...] = ()
     kind: str | None = None
     draft_cost: DraftCost | None = None
+    confidence: tuple[float, ...] = ()
 
     @property
     def candidates(self) -> tuple[Draft, ...]:
@@ -86,6 +91,17 @@ class Proposal:
 
 
 EMPTY_PROPOSAL = Proposal(tokens=[])
+
+MATCH_FACTOR = 1.0
+"""Most drafts per matched token of a copying proposer (``max_spec_factor`` of SuffixDecoding, Oliaro et
+al. 2024, arXiv 2411.04975, and of vLLM): a continuation found after a match of ``L`` tokens is cut to
+``ceil(MATCH_FACTOR * L)`` drafts, so a one-token coincidence earns one draft and a long verbatim copy a
+long one. With it ``k`` is a cap, never a length that every step scores."""
+
+
+def match_cap(match_len: int, k: int, factor: float = MATCH_FACTOR) -> int:
+    """Most drafts after a match of ``match_len`` tokens, under the cap ``k``: ``min(k, ceil(factor * L))``."""
+    return max(0, min(k, math.ceil(factor * match_len - 1e-9)))
 
 
 @dataclass(frozen=True)
@@ -136,11 +152,14 @@ class ProposerContext:
         draft: The draft model's backend, or ``None``.
         vocab_size: ``V``, the real vocabulary (draft logits are sliced to it).
         cost: The engine's cost model (timings and pooled acceptance; read-only for proposers).
+        suffix_cache: The engine's cache of earlier outputs for suffix decoding, or ``None`` (the
+            default: it is a side channel between requests, see SECURITY.md).
     """
 
     draft: "Backend | None"
     vocab_size: int
     cost: "CostModel"
+    suffix_cache: "SuffixCache | None" = None
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """N-gram prompt lookup (Saxena 2023, "Prompt Lookup Decoding"; llama.cpp's lookup, vLLM's ngram).
 
 Matches the last ``n`` tokens of the context, ``n`` from ``ngram_max`` down to ``ngram_min``,
-anywhere earlier in prompt + output, newest match first, and proposes up to ``k`` tokens that followed
-the match. :class:`NgramIndex` keeps the newest occurrence of every n-gram up to date as the context
+anywhere earlier in prompt + output, newest match first, and proposes the tokens that followed the
+match: at most ``k`` (a cap) and at most :data:`~specdec.proposers.base.MATCH_FACTOR` per token of the
+match's real length (the n-gram compared further back with the context), so a one-token coincidence
+earns one draft and a long verbatim copy up to ``k``. :class:`NgramIndex` keeps the newest occurrence of every n-gram up to date as the context
 grows, so a step costs O(new tokens), not a scan of the whole context (the tests check it against a
 full scan). The proposal is a point mass (``probs=None``): the verifier accepts draft
 token x with probability p(x). It costs no model call, so proposing nothing simply falls back to a plain
@@ -11,12 +13,15 @@ step.
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
 
 from specdec.params import SamplingParams, SpecConfig
-from specdec.proposers.base import EMPTY_PROPOSAL, Draws, Outcome, Proposal, ProposerContext, register
+from specdec.proposers.base import (
+    EMPTY_PROPOSAL, MATCH_FACTOR, Draws, Outcome, Proposal, ProposerContext, match_cap, register,
+)
 
 
 class NgramIndex:
@@ -52,12 +57,26 @@ class NgramIndex:
         Returns:
             ``(tokens, n)``: the continuation and the matched suffix length; ``([], 0)`` for no match.
         """
+        tokens, n, _ = self.lookup_match(k)
+        return tokens, n
+
+    def lookup_match(self, k: int, extend: int = 0) -> tuple[list[int], int, int]:
+        """:meth:`lookup`, and how far the match really reaches: the matched n-gram's occurrence compared
+        backwards with the context's end, up to ``extend`` tokens in all (O(extend)).
+
+        Returns:
+            ``(tokens, n, match_len)``, ``match_len = max(n, min(extend, common suffix length))``;
+            ``([], 0, 0)`` for no match.
+        """
         toks, size = self.tokens, len(self.tokens)
         for n in range(min(self.n_max, size - 1), self.n_min - 1, -1):
             e = self._end[n].get(tuple(toks[size - n :]))
             if e is not None:
-                return toks[e : e + k], n
-        return [], 0
+                length = n
+                while length < extend and e - length > 0 and toks[e - length - 1] == toks[size - length - 1]:
+                    length += 1
+                return toks[e : e + k], n, length
+        return [], 0, 0
 
 
 class NgramProposer:
@@ -79,11 +98,13 @@ class NgramProposer:
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, draws: Draws
     ) -> Proposal:
-        """Propose the continuation of the newest suffix match (a point mass, ``probs=None``)."""
+        """Propose the continuation of the newest suffix match (a point mass, ``probs=None``), cut to
+        ``match_cap(match length, k)`` drafts."""
         if k <= 0:
             return EMPTY_PROPOSAL
         self.index.sync(context)
-        tokens, _ = self.index.lookup(k)
+        tokens, _, length = self.index.lookup_match(k, extend=math.ceil(k / MATCH_FACTOR))
+        tokens = tokens[: match_cap(length, k)]
         return Proposal(tokens=tokens) if tokens else EMPTY_PROPOSAL
 
     def observe(self, outcome: Outcome) -> None:
@@ -95,5 +116,5 @@ class NgramProposer:
 
 @register("ngram", default_k=4)
 def _ngram(ctx: ProposerContext, spec: SpecConfig) -> NgramProposer:
-    """``ngram``: prompt lookup with a fixed k."""
+    """``ngram``: prompt lookup, at most k drafts."""
     return NgramProposer(spec.ngram_max, spec.ngram_min)
