@@ -1,7 +1,7 @@
 """Statistical proof that every sampling parameter stays lossless under speculation.
 
 For each setting in a matrix (each parameter alone and combined) x k in {1, 3, 5} x proposer {draft
-model, n-gram} x verifier {token, block, gumbel}, the first 3 generated tokens are sampled N times through
+model, n-gram} x verifier {token, block, gumbel} (and suffix decoding, single paths and token trees), the first 3 generated tokens are sampled N times through
 the real engine (the speculative step, SamplingState, proposers, verifiers, SequenceCache) and their
 empirical joint is
 tested against the EXACT target distribution by Pearson's chi-square (specdec.check: cells sized for
@@ -61,11 +61,17 @@ SETTINGS = {
                                presence_penalty=-1.0, frequency_penalty=-1.0, logit_bias={7: 2.0, EOG: 2.5},
                                min_tokens=2),
 }
-MATRIX = [(name, k, method, verify) for name in SETTINGS for k in (1, 3, 5) for method in ("draft", "ngram")
-          for verify in ("token", "block", "gumbel")]
+METHODS = {"suffix-tree": dict(method="suffix", suffix_alternatives=2)}
+"""Cell method names that stand for more than a method: ``suffix-tree`` proposes token trees (its steps
+with alternatives are verified by the tree verifier, whatever the cell's verifier)."""
+MATRIX = ([(name, k, method, verify) for name in SETTINGS for k in (1, 3, 5) for method in ("draft", "ngram")
+           for verify in ("token", "block", "gumbel")]
+          + [(name, k, method, verify) for name in SETTINGS for k, method in ((3, "suffix"), (5, "suffix-tree"))
+             for verify in ("token", "block", "gumbel")])
 GGUF_CELLS = [("combined_all", 3, "draft", "token"), ("combined_all", 5, "draft", "block"),
               ("min_tokens", 3, "draft", "block"), ("presence_penalty", 3, "ngram", "token"),
-              ("combined_all", 4, "draft", "gumbel"), ("top_p", 3, "ngram", "gumbel")]
+              ("combined_all", 4, "draft", "gumbel"), ("top_p", 3, "ngram", "gumbel"),
+              ("top_p", 4, "suffix", "gumbel"), ("combined_all", 4, "suffix-tree", "block")]
 HF_CELLS = GGUF_CELLS + [("temperature", 1, "draft", "token"), ("top_p", 3, "ngram", "block")]
 ALPHA = FWER / (len(MATRIX) + len(GGUF_CELLS) + len(HF_CELLS))
 
@@ -96,7 +102,7 @@ def exact_table(logits_after, prompt, params, eog_ids, n=N):
 
 def run_cell(engine, prompt, logits_after, params, k, method, verify, n=N):
     table = exact_table(logits_after, prompt, params, engine.target.eog_ids, n)
-    spec = SpecConfig(method=method, num_speculative_tokens=k, verify=verify)
+    spec = SpecConfig(**METHODS.get(method, dict(method=method)), num_speculative_tokens=k, verify=verify)
     seqs, stats = sample_prefixes(engine, prompt, params, spec, n, DEPTH)
     return table, goodness_of_fit(table, seqs), stats
 

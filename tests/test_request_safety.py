@@ -21,7 +21,7 @@ def engine(tiny_target, tiny_draft):
     return Engine(tiny_target, tiny_draft, SpecConfig(method="draft", num_speculative_tokens=3))
 
 
-@pytest.mark.parametrize("method", ["draft", "auto", "hybrid", "ngram", "none"])
+@pytest.mark.parametrize("method", ["draft", "auto", "hybrid", "ngram", "suffix", "none"])
 def test_bad_logit_bias_reserves_nothing(engine, method):
     """Issue 13, defect 1: the proposer reserved a draft sequence before the logit_bias check, and
     nobody freed it; n_seq_max bad requests took every later draft request down."""
@@ -51,7 +51,7 @@ def test_generate_cached_engine_survives_bad_calls(tiny_target_path, tiny_draft_
     dict(temperature=1.01e-5, repetition_penalty=0.01, frequency_penalty=-2, presence_penalty=-2),
     dict(temperature=0.5, min_p=1.0, top_p=1e-300, top_k=1),
 ])
-@pytest.mark.parametrize("method", ["draft", "ngram"])
+@pytest.mark.parametrize("method", ["draft", "ngram", "suffix"])
 def test_extreme_accepted_values_generate(kwargs, method):
     """Defect 4: repetition_penalty=1e-308 overflowed to NaN probabilities and the request died with an
     IndexError (a 500); values at the new bounds must generate."""
@@ -162,7 +162,7 @@ def prompts(v: int):
     )
 
 
-CASE = st.tuples(st.sampled_from(["none", "draft", "ngram", "hybrid", "auto"]), st.sampled_from(["token", "block"]),
+CASE = st.tuples(st.sampled_from(["none", "draft", "ngram", "suffix", "hybrid", "auto"]), st.sampled_from(["token", "block"]),
                  st.integers(0, 6), st.sampled_from([False, False, True]), st.integers(0, 2))
 
 

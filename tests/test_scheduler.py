@@ -55,7 +55,7 @@ def run_concurrently(fn, n):
     return out
 
 
-@pytest.mark.parametrize("method", ["draft", "ngram", "none"])
+@pytest.mark.parametrize("method", ["draft", "ngram", "suffix", "none"])
 def test_batched_greedy_equals_solo(engine, batch_sizes, method):
     spec = SpecConfig(method=method, num_speculative_tokens=3)
     prompts = [engine.encode_prompt(p) for p in PROMPTS]

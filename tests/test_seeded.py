@@ -61,7 +61,8 @@ def test_every_proposer_and_k_gives_the_plain_text(table_engine, params, seed):
     params = params.replace(seed=seed)
     plain = table_engine.generate(PROMPT, params, SpecConfig(method="none")).token_ids
     assert len(plain) >= 10
-    runs = [SpecConfig(method=m, num_speculative_tokens=k) for m in ("draft", "ngram", "hybrid") for k in range(1, 9)]
+    runs = [SpecConfig(method=m, num_speculative_tokens=k) for m in ("draft", "ngram", "suffix", "hybrid")
+            for k in range(1, 9)] + [SpecConfig(method="suffix", num_speculative_tokens=8, suffix_alternatives=3)]
     for spec in runs:
         res = table_engine.generate(PROMPT, params, spec)
         assert res.token_ids == plain, (spec.method, spec.num_speculative_tokens)

@@ -35,7 +35,7 @@ class SpeculativeOptions(BaseModel):
     """Request extension: per-request proposer settings (default: the server's)."""
 
     model_config = ConfigDict(extra="forbid")
-    method: str | None = Field(None, description="A SpecConfig method: draft, ngram, hybrid, auto or none.")
+    method: str | None = Field(None, description="A SpecConfig method: draft, ngram, suffix, hybrid, auto or none.")
     num_speculative_tokens: int | None = Field(None, ge=0, le=MAX_SPECULATIVE_TOKENS)
 
 

@@ -78,7 +78,7 @@ def test_generate_takes_the_new_sampling_options(capsys, models):
     assert len(data["token_ids"]) == 4 and data["finish_reason"] == "stop"
 
 
-@pytest.mark.parametrize("method", ["draft", "ngram", "auto"])
+@pytest.mark.parametrize("method", ["draft", "ngram", "suffix", "auto"])
 def test_prompt_cache_reuse_gives_the_same_samples(models, method):
     """sample_prefixes keeps the prompt's KV cache between samples: same seeded samples as fresh
     requests, and no sequence left behind."""
