@@ -29,7 +29,7 @@ import numpy as np
 from specdec.adaptive import CostModel, TimingTable
 from specdec.stats import acceptance_rate, mean_accepted_length
 
-SPECULATIVE = ("draft", "draft-pmin", "ngram", "hybrid", "auto", "server-spec")
+SPECULATIVE = ("draft", "draft-pmin", "ngram", "suffix", "hybrid", "auto", "server-spec")
 
 
 def cost_snapshot(cost: CostModel, greedy: bool) -> dict:

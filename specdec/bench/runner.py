@@ -4,7 +4,8 @@ For each prompt the methods run back to back, in an order rotated from prompt to
 other processes hits all of them alike; only ratios measured within one run are meaningful. Methods:
 
 - ``none`` (plain decoding), ``draft`` / ``draft-pmin`` (draft model, fixed k; the second with early
-  stop at ``p_min``), ``ngram`` (prompt lookup, fixed k), ``hybrid``, ``auto``: specdec, one engine;
+  stop at ``p_min``), ``ngram`` (prompt lookup, at most k), ``suffix`` (suffix decoding, its default cap),
+  ``hybrid``, ``auto``: specdec, one engine;
 - ``raw``: a raw llama-cpp-python loop on the same target (:mod:`specdec.bench.raw`), the floor;
 - ``server`` / ``server-spec``: llama.cpp's ``llama-server``, plain and with ``--model-draft``
   (:mod:`specdec.bench.peer`), skipped with a note when no binary is found.
@@ -28,7 +29,7 @@ from pathlib import Path
 from specdec.bench.prompts import CATEGORIES, WARMUP_PROMPT, BenchPrompt, load_prompts
 from specdec.params import SamplingParams, SpecConfig
 
-SPECDEC_METHODS = ("none", "draft", "draft-pmin", "ngram", "hybrid", "auto")
+SPECDEC_METHODS = ("none", "draft", "draft-pmin", "ngram", "suffix", "hybrid", "auto")
 PEER_METHODS = ("raw", "server", "server-spec")
 METHODS = SPECDEC_METHODS + PEER_METHODS
 
@@ -82,6 +83,7 @@ class BenchConfig:
             "draft": SpecConfig(method="draft", num_speculative_tokens=self.draft_k),
             "draft-pmin": SpecConfig(method="draft", num_speculative_tokens=self.draft_k, draft_p_min=self.p_min),
             "ngram": SpecConfig(method="ngram", num_speculative_tokens=self.ngram_k),
+            "suffix": SpecConfig(method="suffix"),
             "hybrid": SpecConfig(method="hybrid"),
             "auto": SpecConfig(method="auto"),
         }[method]

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from specdec.bench.workloads import WORKLOADS, Job, build_jobs
 
-SPECDEC_METHODS = ("none", "auto", "draft", "ngram", "hybrid")
+SPECDEC_METHODS = ("none", "auto", "draft", "ngram", "suffix", "hybrid")
 
 
 @dataclass

@@ -38,10 +38,17 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="proposer (default auto: n-gram lookup or the draft model, k chosen each step by a cost "
                         "model, 0 = plain when speculation does not pay)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=None,
-                   help="draft tokens per target call: fixed for draft/ngram, the cap for hybrid/auto (default: "
+                   help="most draft tokens per target call (ngram and suffix stop where their match gives out; "
+                        "auto and hybrid choose fewer by cost or acceptance) (default: "
                         + ", ".join(f"{m} {default_k(m)}" for m in method_names() if default_k(m)) + ")")
     p.add_argument("--draft-p-min", type=float, default=0.0,
                    help="draft early stop: stop drafting below this draft probability (default 0 = off)")
+    p.add_argument("--suffix-min-prob", type=float, default=0.1,
+                   help="suffix: stop a proposal where the product of its drafts' count ratios falls below this "
+                        "(default 0.1)")
+    p.add_argument("--suffix-alternatives", type=int, default=0,
+                   help="suffix: extra candidate branches per step, verified as a token tree in the same target "
+                        "call (default 0; each costs its length + 1 scored tokens and a free sequence)")
     p.add_argument("--verify", choices=verifier_names(), default=None,
                    help="verifier of sampled requests (default: gumbel with --seed, so the same seed gives the "
                         "same text with or without speculation; block without a seed)")
@@ -83,7 +90,8 @@ def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
 def spec_from_args(args: argparse.Namespace) -> SpecConfig:
     """The :class:`SpecConfig` of the speculation options (raises ValueError on bad values)."""
     return SpecConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens, verify=args.verify,
-                      draft_p_min=args.draft_p_min)
+                      draft_p_min=args.draft_p_min, suffix_min_prob=args.suffix_min_prob,
+                      suffix_alternatives=args.suffix_alternatives)
 
 
 def load_engine_from_args(args: argparse.Namespace, spec: SpecConfig, n_seq_max: int = 4, **kwargs):

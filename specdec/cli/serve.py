@@ -36,6 +36,10 @@ def add_parser(sub) -> None:
                    help="prompt tokens per forward pass, so that running requests wait at most one chunk for "
                         "their next token while a long prompt is prefilled (default 0 = chosen from the measured "
                         "cost of a forward pass by its size)")
+    s.add_argument("--suffix-cache-tokens", type=int, default=0,
+                   help="tokens of earlier outputs kept for suffix decoding (--method suffix) across requests: "
+                        "repeated tasks draft from each other's answers. A side channel between clients (timing "
+                        "shows whether an earlier output held a text; see SECURITY.md) (default 0 = off)")
     s.set_defaults(run=run)
 
 
@@ -58,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from specdec.server.access import is_loopback
 
     spec = spec_from_args(args)
-    zero_ok = ("max_queue", "prefix_cache_tokens", "prefill_chunk_tokens")
+    zero_ok = ("max_queue", "prefix_cache_tokens", "prefill_chunk_tokens", "suffix_cache_tokens")
     for name in ("max_concurrency", "max_tokens_limit", "max_prompt_tokens", "max_body_bytes", *zero_ok):
         value = getattr(args, name)
         if value is not None and value < (0 if name in zero_ok else 1):
@@ -80,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         max_running=args.max_concurrency, max_waiting=args.max_queue, max_body_bytes=args.max_body_bytes,
         max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens_limit,
         prefix_cache_tokens=args.prefix_cache_tokens, prefill_chunk_tokens=args.prefill_chunk_tokens,
+        suffix_cache_tokens=args.suffix_cache_tokens,
     )
     run_server(engine, config, host=args.host, port=args.port, drain_timeout=args.drain_timeout)
     return 0  # a dead scheduler raises SchedulerDiedError: one line and exit status 1 (specdec.cli.main)

@@ -4,11 +4,11 @@ Matches the last ``n`` tokens of the context, ``n`` from ``ngram_max`` down to `
 anywhere earlier in prompt + output, newest match first, and proposes the tokens that followed the
 match: at most ``k`` (a cap) and at most :data:`~specdec.proposers.base.MATCH_FACTOR` per token of the
 match's real length (the n-gram compared further back with the context), so a one-token coincidence
-earns one draft and a long verbatim copy up to ``k``. :class:`NgramIndex` keeps the newest occurrence of every n-gram up to date as the context
-grows, so a step costs O(new tokens), not a scan of the whole context (the tests check it against a
-full scan). The proposal is a point mass (``probs=None``): the verifier accepts draft
-token x with probability p(x). It costs no model call, so proposing nothing simply falls back to a plain
-step.
+earns one draft and a long verbatim copy up to ``k``. :class:`NgramIndex` keeps the newest occurrence
+of every n-gram up to date as the context grows, so a step costs O(new tokens + k), not a scan of the
+whole context (the tests check it against a full scan). The proposal is a point mass (``probs=None``):
+the verifier accepts draft token x with probability p(x). It costs no model call, so proposing nothing
+simply falls back to a plain step.
 """
 
 from __future__ import annotations

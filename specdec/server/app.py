@@ -57,6 +57,9 @@ class ServerConfig:
         prefill_chunk_tokens: Prompt tokens per target call, so that running requests wait at most one
             chunk for their next token: 0 = chosen from the measured call costs, ``None`` = whole prompts
             (see :class:`~specdec.scheduler.Scheduler`).
+        suffix_cache_tokens: Tokens of earlier outputs kept for suffix decoding across requests
+            (:meth:`Engine.enable_suffix_cache`); 0 (the default) disables it: it is a side channel between
+            clients (SECURITY.md).
     """
 
     model_name: str
@@ -71,6 +74,7 @@ class ServerConfig:
     max_choices: int = 16
     prefix_cache_tokens: int = 8192
     prefill_chunk_tokens: int | None = 0
+    suffix_cache_tokens: int = 0
 
 
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 429, 503)}
@@ -85,6 +89,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
     Scheduler.check_capacity(engine, config.max_running, config.max_waiting)
     check_chunk_tokens(config.prefill_chunk_tokens)
     engine.enable_prefix_cache(config.max_running if config.prefix_cache_tokens else 0, config.prefix_cache_tokens)
+    engine.enable_suffix_cache(config.suffix_cache_tokens)
     limits = serving.Limits(
         max_prompt_tokens=min(config.max_prompt_tokens or engine.n_ctx - 1, engine.n_ctx - 1),
         max_tokens=config.max_tokens or engine.n_ctx, max_choices=config.max_choices,

@@ -88,7 +88,7 @@ def test_bench_summary_is_consistent(smoke):
         assert rows[cat, "none"]["speedup"] == pytest.approx(1.0)
         assert rows[cat, "none"]["mean_accepted_length"] == pytest.approx(1.0)
     for (cat, m), r in rows.items():
-        if m in ("draft", "ngram", "hybrid", "auto"):
+        if m in ("draft", "ngram", "suffix", "hybrid", "auto"):
             runs = [x for x in doc["runs"] if x["method"] == m and (cat == "all" or x["category"] == cat)]
             proposed = sum(x["proposed"] for x in runs)
             accepted = sum(x["accepted"] for x in runs)
