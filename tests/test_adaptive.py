@@ -187,7 +187,9 @@ def test_auto_never_slower_than_plain_when_nothing_matches():
     plain = sum(cpu_seconds(1) for _ in range(len(text) - 100))
     auto, _ = run_auto(text, 100, FrozenCost(cpu_seconds))
     fixed8 = run_fixed_ngram(text, 100, 8)
-    assert fixed8 > 1.5 * plain  # the trap: fixed k=8 lookup on prompts where it rarely matches
+    # the trap: lookup with k=8 on prompts where it rarely matches. Since k is a cap (one draft per
+    # matched token) it scores 2 tokens, not 9, at each one-token coincidence, but that still loses to plain
+    assert fixed8 > 1.2 * plain
     assert auto <= 1.03 * plain
 
 

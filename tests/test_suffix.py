@@ -296,3 +296,34 @@ def test_seeded_suffix_equals_seeded_plain_on_the_tiny_gguf(plain_tiny, alternat
     plain = engine.generate(ids, params, SpecConfig(method="none")).token_ids
     spec = SpecConfig(method="suffix", num_speculative_tokens=8, suffix_alternatives=alternatives)
     assert engine.generate(ids, params, spec).token_ids == plain
+
+
+# -- suffix decoding as a source of auto ---------------------------------------------------------------
+
+
+def test_auto_takes_suffix_drafts_on_copies_and_their_estimate_is_capped_by_counts():
+    from test_adaptive import FrozenCost, copy_text, cpu_seconds, simulate
+
+    from specdec.proposers import HybridProposer, Proposal
+
+    text = copy_text(seed=3)
+    cost = FrozenCost(cpu_seconds)
+    p = HybridProposer(cost_model=cost, adaptive=True, suffix=SuffixProposer())
+    p.prepare(text[:150])
+    seconds = simulate(p, cost, text, 150, cpu_seconds)
+    plain = cpu_seconds(1) * (len(text) - 150)
+    steps = p.report()["steps"]
+    assert plain / seconds > 1.3 and max(steps["suffix"]) >= 8
+    learned = p._accept("suffix", 0, 4)
+    est = p._suffix_accept(Proposal(tokens=[1, 2, 3, 4], confidence=(1.0, 0.2, 1.0, 1.0)))
+    assert est[1] == pytest.approx(min(0.2, learned[1])) and est[0] == pytest.approx(min(1.0, learned[0]))
+
+
+def test_auto_with_the_engine_cache_stays_lossless_and_feeds_it():
+    engine = Engine(TableLM(vocab=40, seed=0), None, SpecConfig(method="auto"))
+    engine.enable_suffix_cache(1000)
+    prompt = [3, 12, 36, 13, 7]
+    plain = engine.generate(prompt, SamplingParams(max_tokens=30), SpecConfig(method="none")).token_ids
+    for _ in range(3):
+        assert engine.generate(prompt, SamplingParams(max_tokens=30)).token_ids == plain
+    assert len(engine.suffix_cache.outputs) == 3

@@ -9,10 +9,14 @@ long matches of this kind have run), ``draft`` for the draft model.
 
 - ``hybrid``: the n-gram continuation when its first-position acceptance estimate is at least 1/2,
   else the draft model; k = the number of leading positions whose estimate is at least 1/2 (at least 1).
-- ``auto``: the option (plain step, n-gram with k, draft with k) of highest predicted tokens per second,
-  with probes after runs of plain steps (:class:`ProbeSchedule`). In a call shared with other sequences
-  the rate is the call's (eq. (3) of :mod:`specdec.adaptive`): drafts are priced by their marginal cost
-  there, so speculation turns itself off under load where it does not pay.
+- ``auto``: the option (plain step, n-gram with k, suffix decoding with k, draft with k) of highest
+  predicted tokens per second, with probes after runs of plain steps (:class:`ProbeSchedule`). In a call
+  shared with other sequences the rate is the call's (eq. (3) of :mod:`specdec.adaptive`): drafts are
+  priced by their marginal cost there, so speculation turns itself off under load where it does not pay.
+  Suffix decoding (:mod:`specdec.proposers.suffix`) comes with a confidence per draft (count ratios); its
+  acceptance estimate at position ``j`` is the smaller of that confidence and what suffix proposals have
+  earned there (kind ``suffix``), so counts that show a split lower the estimate, and counts alone never
+  raise it above what the text has shown.
 
 The draft model is prefilled lazily, the first time it drafts, so a request that never needs it never
 pays its prefill. This module knows token ids and proposers; it never sees the target's logits.
@@ -33,6 +37,7 @@ from specdec.params import SamplingParams, SpecConfig
 from specdec.proposers.base import EMPTY_PROPOSAL, Draws, Outcome, Proposal, ProposerContext, register
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.ngram import NgramIndex
+from specdec.proposers.suffix import SuffixProposer
 
 RULE_THRESHOLD = 0.5
 """``hybrid`` drafts while the estimated acceptance of the next position is at least this."""
@@ -117,6 +122,12 @@ def _gain(choice: Choice, plain: Choice) -> float:
     others' tokens are in both rates and do not dilute the comparison."""
     return (choice.rate - plain.rate) * plain.seconds
 
+
+def _kind(source: str, order: int) -> str:
+    """The kind of proposal whose acceptance is pooled: ``ngram{order}``, ``suffix`` or ``draft``."""
+    return f"ngram{order}" if source == "ngram" else source
+
+
 def _leading(accept: np.ndarray, threshold: float) -> int:
     """Number of leading entries of ``accept`` (``[K] float64``) at or above ``threshold``."""
     below = np.flatnonzero(accept < threshold)
@@ -133,11 +144,13 @@ class HybridProposer:
         cost_model: The engine's :class:`~specdec.adaptive.CostModel` (timings and pooled acceptance),
             read here and fed by the step's reports.
         adaptive: True for ``auto`` (choose by the cost model), False for ``hybrid`` (by acceptance).
+        suffix: A suffix-decoding proposer as one more source for ``auto`` (single paths), or None.
     """
 
     def __init__(self, draft: DraftModelProposer | None = None, ngram_max: int = 3, ngram_min: int = 1,
-                 cost_model: CostModel | None = None, adaptive: bool = False):
+                 cost_model: CostModel | None = None, adaptive: bool = False, suffix: SuffixProposer | None = None):
         self.index = NgramIndex(ngram_min, ngram_max)
+        self.suffix = suffix if adaptive else None
         self.draft = draft
         self.cost = cost_model if cost_model is not None else CostModel()
         self.adaptive = adaptive
@@ -147,13 +160,13 @@ class HybridProposer:
         self._cap: dict[str, int] = {}  # per source (draft, ngram): most drafts allowed now (slow start)
 
     def stats(self, kind: str) -> AcceptanceStats:
-        """This request's acceptance statistics of one kind (``draft``, ``ngramN``)."""
+        """This request's acceptance statistics of one kind (``draft``, ``ngramN``, ``suffix``)."""
         if kind not in self._stats:
             self._stats[kind] = self.cost.stats(kind)
         return self._stats[kind]
 
     def cap(self, kind: str) -> int:
-        """Most drafts ``auto`` may propose now from ``kind`` (``"draft"`` or ``"ngram"``): :data:`START_K`
+        """Most drafts ``auto`` may propose now from a source (``"draft"``, ``"ngram"``, ``"suffix"``): :data:`START_K`
         at first in a request, doubling each time a block is accepted whole (slow start). Estimates for positions
         this request has not reached come from other requests; a long block on their word alone can cost
         a dozen plain steps on a CPU, so k grows only as this text earns it."""
@@ -161,30 +174,44 @@ class HybridProposer:
 
     def _accept(self, source: str, order: int, available: int) -> np.ndarray:
         """``[min(available, cap)] float64`` conditional acceptance estimates of ``source`` (``"ngram"``,
-        whose kind is ``ngram{order}``, or ``"draft"``), capped by :meth:`cap`."""
-        kind = f"ngram{order}" if source == "ngram" else "draft"
-        return self.stats(kind).conditional(min(available, self.cap(source)))
+        whose kind is ``ngram{order}``, ``"suffix"`` or ``"draft"``), capped by :meth:`cap`."""
+        return self.stats(_kind(source, order)).conditional(min(available, self.cap(source)))
+
+    def _suffix_accept(self, proposal: Proposal) -> np.ndarray:
+        """``[min(k', cap)] float64``: per draft, the smaller of its count confidence and what suffix
+        proposals have earned at that position."""
+        learned = self._accept("suffix", 0, len(proposal.tokens))
+        return np.minimum(learned, np.asarray(proposal.confidence[: len(learned)], dtype=np.float64))
 
     def prepare(self, context: Sequence[int]) -> None:
         """Index the prompt (or its next chunk); the draft model is prefilled lazily when it first drafts."""
         self.index.sync(context)
+        if self.suffix is not None:
+            self.suffix.prepare(context)
         if self.draft is not None:
             self.draft.prepare(context)
 
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, draws: Draws
     ) -> Proposal:
-        """Draft up to ``k`` tokens from the n-gram index or the draft model (possibly none); the
-        proposal's ``kind`` is ``ngramN`` or ``draft``."""
+        """Draft up to ``k`` tokens from the n-gram index, suffix decoding (``auto``) or the draft model
+        (possibly none); the proposal's ``kind`` is ``ngramN``, ``suffix`` or ``draft``."""
         if k <= 0:
             return EMPTY_PROPOSAL
         self.index.sync(context)
         match, order = self.index.lookup(k)
+        suffix = self.suffix.propose(context, k, params, draws) if self.suffix is not None else EMPTY_PROPOSAL
         catchup = self.draft.catchup(context) if self.draft is not None else len(context)
-        choice = (self._choose_auto if self.adaptive else self._choose_rule)(match, order, k, catchup, params.greedy)
-        self._log(choice, order, catchup, params.greedy)
+        if self.adaptive:
+            choice = self._choose_auto(match, order, k, catchup, params.greedy, suffix)
+        else:
+            choice = self._choose_rule(match, order, k, catchup, params.greedy)
+        self._log(choice, order, catchup, params.greedy, suffix)
         if choice.source == "ngram":
             return Proposal(tokens=match[: choice.k], kind=f"ngram{order}")
+        if choice.source == "suffix":
+            return dataclasses.replace(suffix, tokens=suffix.tokens[: choice.k],
+                                       confidence=suffix.confidence[: choice.k], alternatives=())
         if choice.source == "draft":
             assert self.draft is not None
             return self.draft.propose(context, choice.k, params, draws, kind="draft")
@@ -201,7 +228,8 @@ class HybridProposer:
             return Choice("draft", max(1, _leading(accept, RULE_THRESHOLD)), math.nan, math.nan)
         return Choice(None, 0, 1.0, math.nan)
 
-    def _choose_auto(self, match: list[int], order: int, k: int, catchup: int, greedy: bool) -> Choice:
+    def _choose_auto(self, match: list[int], order: int, k: int, catchup: int, greedy: bool,
+                     suffix: Proposal = EMPTY_PROPOSAL) -> Choice:
         cm, load = self.cost, self.cost.load  # load: what else shares this step's target call, eq. (3)
         plain = cm.plain(greedy, load)
         if math.isnan(plain.seconds):  # measure S(1) first
@@ -211,6 +239,10 @@ class HybridProposer:
             c = cm.best_k(self._accept("ngram", order, len(match)), lambda j: 0.0, greedy, load=load)
             if c is not None:
                 options.append(dataclasses.replace(c, source="ngram"))
+        if suffix.tokens:
+            c = cm.best_k(self._suffix_accept(suffix), lambda j: 0.0, greedy, load=load)
+            if c is not None:
+                options.append(dataclasses.replace(c, source="suffix"))
         if self.draft is not None:
             cost = lambda j: cm.draft_seconds(j, catchup, greedy)  # noqa: E731
             c = cm.best_k(self._accept("draft", order, k), cost, greedy, load=load)
@@ -222,11 +254,11 @@ class HybridProposer:
             self.probe.speculating()
             return best
         if best is not None and self.probe.should_probe():
-            return self._probe(best, match, order, k, catchup, greedy, plain) or plain
+            return self._probe(best, match, order, k, catchup, greedy, plain, suffix) or plain
         return plain
 
     def _probe(self, best: Choice, match: list[int], order: int, k: int, catchup: int, greedy: bool,
-               plain: Choice) -> Choice | None:
+               plain: Choice, suffix: Proposal = EMPTY_PROPOSAL) -> Choice | None:
         """A cheap step of ``best``'s source to refresh its acceptance estimate: the best k whose step is
         predicted to take at most :data:`PROBE_COST` - 1 lone plain steps longer than the plain step (in a
         shared call: its marginal cost), the draft's catch-up paid in full (a probe must not start a long
@@ -235,17 +267,20 @@ class HybridProposer:
         budget = plain.seconds + (PROBE_COST - 1) * cm.step_seconds(1, greedy)
         if best.source == "ngram":
             c = cm.best_k(self._accept("ngram", order, len(match)), lambda j: 0.0, greedy, budget, load)
+        elif best.source == "suffix":
+            c = cm.best_k(self._suffix_accept(suffix), lambda j: 0.0, greedy, budget, load)
         else:
             cost = lambda j: cm.draft_seconds(j, catchup, greedy, horizon=1)  # noqa: E731
             c = cm.best_k(self._accept("draft", order, k), cost, greedy, budget, load)
         return None if c is None else dataclasses.replace(c, source=best.source, probe=True)
 
-    def _log(self, choice: Choice, order: int, catchup: int, greedy: bool) -> None:
+    def _log(self, choice: Choice, order: int, catchup: int, greedy: bool, suffix: Proposal = EMPTY_PROPOSAL) -> None:
         """Add the step's prediction (non-optimistic sizes, in the call's load) to the request's log."""
-        cm, kind, b = self.cost, None, self.cost.load.tokens
-        if choice.source is not None and choice.k:
-            kind = "draft" if choice.source == "draft" else f"ngram{order}"
-        tokens = float(expected_tokens(self.stats(kind).conditional(choice.k))[-1]) if kind else 1.0
+        cm, tokens, b = self.cost, 1.0, self.cost.load.tokens
+        if choice.source == "suffix" and choice.k:
+            tokens = float(expected_tokens(self._suffix_accept(suffix)[: choice.k])[-1])
+        elif choice.source is not None and choice.k:
+            tokens = float(expected_tokens(self.stats(_kind(choice.source, order)).conditional(choice.k))[-1])
         prop = cm.draft_seconds(choice.k, catchup, greedy) if choice.source == "draft" else 0.0
         seconds = prop + cm.step_seconds(b + choice.k + 1, greedy)
         self.log.add(Choice(choice.source, choice.k, tokens, seconds, choice.probe), cm.step_seconds(b + 1, greedy))
@@ -258,7 +293,7 @@ class HybridProposer:
         if kind is None:
             return
         self.stats(kind).observe(outcome.proposed, outcome.accepted)
-        source = "draft" if kind == "draft" else "ngram"
+        source = kind if kind in ("draft", "suffix") else "ngram"
         if self.adaptive and outcome.accepted == outcome.proposed:
             self._cap[source] = 2 * self.cap(source)
 
@@ -267,7 +302,9 @@ class HybridProposer:
         return self.log.report()
 
     def close(self) -> None:
-        """Free the draft sequence."""
+        """Free the draft sequence; hand the output to the engine's suffix cache (when it keeps one)."""
+        if self.suffix is not None:
+            self.suffix.close()
         if self.draft is not None:
             self.draft.close()
 
@@ -276,9 +313,11 @@ def _hybrid_factory(adaptive: bool):
     def factory(ctx: ProposerContext, spec: SpecConfig) -> HybridProposer:
         draft = None if ctx.draft is None else DraftModelProposer(
             SequenceCache(ctx.draft), ctx.vocab_size, p_min=spec.draft_p_min, lazy_prefill=True)
-        return HybridProposer(draft, spec.ngram_max, spec.ngram_min, ctx.cost, adaptive=adaptive)
+        suffix = SuffixProposer(spec.suffix_depth, spec.suffix_min_prob, 0, ctx.suffix_cache) if adaptive else None
+        return HybridProposer(draft, spec.ngram_max, spec.ngram_min, ctx.cost, adaptive=adaptive, suffix=suffix)
 
-    factory.__doc__ = f"``{'auto' if adaptive else 'hybrid'}``: n-gram lookup or the draft model."
+    factory.__doc__ = (f"``{'auto' if adaptive else 'hybrid'}``: n-gram lookup"
+                       f"{', suffix decoding' if adaptive else ''} or the draft model.")
     return factory
 
 
