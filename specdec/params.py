@@ -256,7 +256,7 @@ class SpecConfig:
     ngram_min: int = 1
     verify: str | None = None
     draft_p_min: float = 0.0
-    suffix_depth: int = 32
+    suffix_depth: int = 32  # suffix_index.DEFAULT_DEPTH (not imported: params knows no proposer)
     suffix_min_prob: float = 0.1
     suffix_alternatives: int = 0
 

@@ -235,6 +235,29 @@ def test_evicted_outputs_are_gone_after_the_rebuild():
     assert 1 not in cache.sam.tokens
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=10), min_size=1, max_size=5),
+       st.lists(st.integers(0, 3), min_size=2, max_size=30), st.integers(1, 4), st.data())
+def test_a_requests_cache_match_follows_its_context_and_the_cache(outputs, context, depth, data):
+    """Kept up to date as the context grows, redone when the cache changes or the context is replaced."""
+    from specdec.proposers.suffix import CacheMatch
+
+    cache = SuffixCache(max_tokens=40, depth=depth)
+    match = CacheMatch(cache)
+    pending = list(outputs)
+    for n in range(1, len(context) + 1):
+        if pending and data.draw(st.booleans()):
+            cache.add(pending.pop())
+        ctx = context[:n] if data.draw(st.integers(0, 5)) else [3] + context[:n]  # sometimes not an extension
+        match.sync(ctx)
+        text = cache.sam.tokens  # the kept outputs, and evicted ones until the next rebuild
+        ell = 0
+        while ell < min(depth, len(ctx)) and occurrences(text, ctx[len(ctx) - ell - 1 :]):
+            ell += 1
+        assert match.ctx[1] == ell
+        assert match.ctx == cache.sam.match_state(ctx, depth)
+
+
 def test_engine_cache_is_off_by_default_and_drafts_repeated_tasks():
     target = TableLM(vocab=40, seed=0)
     engine = Engine(target, None, SpecConfig(method="suffix"))

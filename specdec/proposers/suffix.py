@@ -31,15 +31,16 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from specdec.params import SamplingParams, SpecConfig
+from specdec.params import MAX_SPECULATIVE_TOKENS, SamplingParams, SpecConfig
 from specdec.proposers.base import (
     EMPTY_PROPOSAL, MATCH_FACTOR, Draws, Outcome, Proposal, ProposerContext, match_cap, register,
 )
-from specdec.proposers.suffix_index import SEPARATOR, SuffixAutomaton, SuffixCache, SuffixIndex
+from specdec.proposers.suffix_index import DEFAULT_DEPTH, SEPARATOR, SuffixAutomaton, SuffixCache, SuffixIndex
 from specdec.verify.base import Draft
 
-MAX_MATCH = 64
-"""Longest match length measured against the cache (``MATCH_FACTOR * MAX_MATCH`` >= the largest k)."""
+MAX_MATCH = MAX_SPECULATIVE_TOKENS
+"""Longest match length measured against the cache: with ``MATCH_FACTOR >= 1`` longer matches earn no more
+drafts than the largest k."""
 
 
 @dataclass(frozen=True)
@@ -102,27 +103,31 @@ def follow(sam: SuffixAutomaton, state: int, length: int, max_len: int, min_prob
 
 class CacheMatch:
     """This request's match against an engine's :class:`SuffixCache`, kept up to date token by token
-    (amortized O(1) each) and redone from the last :data:`MAX_MATCH` tokens when the cache changed."""
+    (amortized O(1) each) and redone from the last ``max(MAX_MATCH, D)`` tokens when the cache changed
+    (both matches are at most that long) or the context is not an extension of the last one."""
 
     def __init__(self, cache: SuffixCache):
         self.cache = cache
         self.version = -1
         self.seen = 0  # context tokens consumed
+        self.last = -1  # the last of them
         self.ctx = (0, 0)  # (state, length): longest suffix of at most D tokens found in the cache
         self.full = (0, 0)  # the same, up to MAX_MATCH tokens (its length is the match length)
 
     def sync(self, context: Sequence[int]) -> None:
-        """Consume the new tokens of ``context``; call with the cache's lock held."""
+        """Consume the new tokens of ``context`` (``[N] int``); call with the cache's lock held."""
         sam = self.cache.sam
-        if self.version != self.cache.version or self.seen > len(context):
-            self.version, self.seen = self.cache.version, max(0, len(context) - MAX_MATCH)
-            self.ctx = self.full = (0, 0)
         d = sam.depth
+        if (self.version != self.cache.version or self.seen > len(context)
+                or (self.seen and context[self.seen - 1] != self.last)):
+            self.version, self.seen = self.cache.version, max(0, len(context) - max(MAX_MATCH, d))
+            self.ctx = self.full = (0, 0)
         (s, ell), (f, fl) = self.ctx, self.full
         for c in context[self.seen:]:
             s, ell = sam.step_match(s, ell, int(c), d)
             f, fl = sam.step_match(f, fl, int(c), MAX_MATCH)
         self.ctx, self.full, self.seen = (s, ell), (f, fl), len(context)
+        self.last = context[-1] if context else -1
 
 
 class SuffixProposer:
@@ -137,7 +142,7 @@ class SuffixProposer:
         factor: Most drafts per matched token (:data:`MATCH_FACTOR`).
     """
 
-    def __init__(self, depth: int = 32, min_prob: float = 0.1, alternatives: int = 0,
+    def __init__(self, depth: int = DEFAULT_DEPTH, min_prob: float = 0.1, alternatives: int = 0,
                  cache: SuffixCache | None = None, factor: float = MATCH_FACTOR):
         self.index = SuffixIndex(depth)
         self.min_prob = min_prob

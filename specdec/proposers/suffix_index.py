@@ -26,6 +26,10 @@ import threading
 from collections import OrderedDict
 from typing import Sequence
 
+DEFAULT_DEPTH = 32
+"""``D``: contexts longer than this are cut to their last ``D`` tokens for counting (``SpecConfig.suffix_depth``;
+vLLM uses 24, ArcticInference 64); longer matches still count for a proposal's length."""
+
 SEPARATOR = -1
 """Token placed after each cached output (never a real id): no context contains it, so no match spans
 two outputs, and a continuation that reaches it ends."""
@@ -42,7 +46,7 @@ class SuffixAutomaton:
         depth: ``D``, the longest context whose statistics are kept (>= 1).
     """
 
-    def __init__(self, depth: int = 64):
+    def __init__(self, depth: int = DEFAULT_DEPTH):
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.depth = depth
@@ -174,7 +178,7 @@ class SuffixIndex:
         depth: ``D``, the longest context whose statistics are kept.
     """
 
-    def __init__(self, depth: int = 64):
+    def __init__(self, depth: int = DEFAULT_DEPTH):
         self.depth = depth
         self.sam = SuffixAutomaton(depth)
 
@@ -208,7 +212,7 @@ class SuffixCache:
         depth: ``D`` of the automaton.
     """
 
-    def __init__(self, max_tokens: int, depth: int = 64):
+    def __init__(self, max_tokens: int, depth: int = DEFAULT_DEPTH):
         if max_tokens <= 0:
             raise ValueError(f"max_tokens must be > 0, got {max_tokens}")
         self.max_tokens = max_tokens

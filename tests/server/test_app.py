@@ -125,12 +125,12 @@ def test_eight_concurrent_requests_equal_solo(engine, client):
     assert texts == solo
 
 
-@pytest.mark.parametrize("method,k", [("none", 0), ("ngram", 3), ("draft", 2)])
+@pytest.mark.parametrize("method,k", [("none", 0), ("ngram", 3), ("draft", 2), ("suffix", 5)])
 def test_speculative_extension(client, method, k):
     r = chat(client, PROMPTS[0], extra_body={"speculative": {"method": method, "num_speculative_tokens": k}})
     spec = r.model_extra["speculative"]
     assert spec["method"] == method and spec["num_speculative_tokens"] == k
-    assert (spec["proposed"] == 0) == (method == "none")
+    assert (spec["proposed"] == 0) == (method == "none") or method == "suffix"  # suffix: nothing may match
     assert spec["accepted"] <= spec["proposed"]
     assert r.choices[0].message.content == chat(client, PROMPTS[0]).choices[0].message.content
 
@@ -300,3 +300,18 @@ def test_server_prefills_long_prompts_in_chunks(engine, monkeypatch):
         out = httpx.post(f"{srv.url}/completions", json=body, timeout=60).json()
     assert out["choices"][0]["text"] == ref.text
     assert max(sizes) == 16 and len(sizes) >= len(ids) // 16
+
+
+def test_suffix_cache_is_off_by_default_and_on_by_the_flag(server, engine):
+    """The cross-request output cache is a side channel between clients (SECURITY.md): the module's server
+    (default config) keeps none; ``suffix_cache_tokens`` keeps finished outputs for later requests."""
+    assert engine.suffix_cache is None
+    with LiveServer(engine, suffix_cache_tokens=2048) as srv:
+        client = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0, timeout=120)
+        body = {"speculative": {"method": "suffix"}}
+        first = chat(client, PROMPTS[2], extra_body=body)
+        wait_until(lambda: len(engine.suffix_cache.outputs) == 1)  # kept when the scheduler closes the request
+        again = chat(client, PROMPTS[2], extra_body=body)
+        assert again.choices[0].message.content == first.choices[0].message.content
+        assert again.model_extra["speculative"]["accepted"] > first.model_extra["speculative"]["accepted"]
+    engine.enable_suffix_cache(0)
