@@ -203,6 +203,18 @@ def test_alternatives_are_the_next_most_confident_branches():
     assert [a.tokens for a in propose(SuffixProposer(alternatives=1), text).alternatives] == [[7, 11]]
 
 
+def test_the_cache_and_the_request_each_give_a_candidate():
+    cache = SuffixCache(max_tokens=100)
+    cache.add([5, 6, 7, 8, 4])
+    context = [1, 5, 6, 9, 2, 5, 6]  # here "5 6" went on with "9 2", in the cache with "7 8"
+    p = propose(SuffixProposer(cache=cache, alternatives=2), context)
+    assert p.tokens == [9, 2] and [a.tokens for a in p.alternatives] == [[7, 8]]  # ties: this request first
+    cache.add([5, 6, 7, 8, 3])  # "5 6 7 8" went on with 4, then with 3 (the newer wins the tie)
+    p = propose(SuffixProposer(cache=cache, alternatives=2), context + [7])  # only the cache knows "6 7"
+    assert p.tokens == [8, 3] and p.confidence == (1.0, 0.5)
+    assert [a.tokens for a in p.alternatives] == [[8, 4]]
+
+
 def test_no_match_proposes_nothing():
     assert propose(SuffixProposer(), [1, 2, 3]).empty
     assert SuffixProposer().propose([1, 1], 0, GREEDY, None).empty
@@ -248,7 +260,8 @@ def test_a_requests_cache_match_follows_its_context_and_the_cache(outputs, conte
     for n in range(1, len(context) + 1):
         if pending and data.draw(st.booleans()):
             cache.add(pending.pop())
-        ctx = context[:n] if data.draw(st.integers(0, 5)) else [3] + context[:n]  # sometimes not an extension
+        # sometimes not an extension: its last token differs (the next context replaces it again)
+        ctx = context[:n] if data.draw(st.integers(0, 5)) else context[: n - 1] + [(context[n - 1] + 1) % 4]
         match.sync(ctx)
         text = cache.sam.tokens  # the kept outputs, and evicted ones until the next rebuild
         ell = 0

@@ -206,21 +206,23 @@ class SuffixProposer:
                     break  # ranked: the rest are rarer
                 if tok != main.tokens[j]:
                     options.append((p, len(options), (j, state, length, tok, p)))
-        for other in others:
-            j = next((i for i, (a, b) in enumerate(zip(main.tokens, other.tokens)) if a != b), None)
+        for other in others:  # valued at its first token off the main path (it may extend the main one)
+            j = next((i for i, (a, b) in enumerate(zip(main.tokens, other.tokens)) if a != b),
+                     len(main.tokens) if len(other.tokens) > len(main.tokens) else None)
             if j is not None:
                 options.append((math.prod(other.confidence[: j + 1]), len(options), Draft(list(other.tokens))))
         options.sort(key=lambda o: (-o[0], o[1]))
-        out: list[Draft] = []
-        for _, _, option in options[: self.alternatives]:
-            if isinstance(option, Draft):
-                out.append(option)
-                continue
-            j, state, length, tok, p = option
-            child, child_len = sam.child(state, length, tok)
-            rest = follow(sam, child, child_len, limit - j - 1, self.min_prob, p)
-            out.append(Draft(main.tokens[:j] + [tok] + rest.tokens))
-        return tuple(out)
+        out: dict[tuple[int, ...], Draft] = {}
+        for _, _, option in options:
+            if len(out) == self.alternatives:
+                break
+            if not isinstance(option, Draft):
+                j, state, length, tok, p = option
+                child, child_len = sam.child(state, length, tok)
+                rest = follow(sam, child, child_len, limit - j - 1, self.min_prob, p)
+                option = Draft(main.tokens[:j] + [tok] + rest.tokens)
+            out.setdefault(tuple(option.tokens), option)
+        return tuple(out.values())
 
     def observe(self, outcome: Outcome) -> None:
         """No state to update (the index follows the context)."""
