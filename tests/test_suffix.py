@@ -51,9 +51,11 @@ def test_automaton_agrees_with_the_full_scan_after_every_token(text, depth):
         assert sam.longest_match() == full
         state, ell = sam.context()
         assert ell == min(full, depth)
-        if ell:  # the counts of every continuation of the matched context, and their newest ends
+        if ell:  # the counts of every continuation of the matched context, their newest ends, the best one
             ctx = prefix[n - ell :]
-            assert children(sam, state) == continuations(prefix, ctx)
+            cont = continuations(prefix, ctx)
+            assert children(sam, state) == cont
+            assert sam.best[state] == max(cont, key=lambda t: cont[t])
             assert sam.continuations(state) == sum(1 for e in occurrences(prefix, ctx) if e < n)
         assert sam.n_states <= max(2, 2 * n)
 
@@ -73,7 +75,10 @@ def test_counts_of_every_context_along_continuations(text, depth, data):
             state, ell = sam.child(state, ell, walk[i - 1])
         ctx = walk[:i][-depth:]
         assert ell == len(ctx)
-        assert children(sam, state) == continuations(text, ctx)
+        cont = continuations(text, ctx)
+        assert children(sam, state) == cont
+        if cont:
+            assert sam.best[state] == max(cont, key=lambda t: cont[t])
 
 
 @settings(max_examples=100, deadline=None)

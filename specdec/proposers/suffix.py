@@ -35,7 +35,9 @@ from specdec.params import MAX_SPECULATIVE_TOKENS, SamplingParams, SpecConfig
 from specdec.proposers.base import (
     EMPTY_PROPOSAL, MATCH_FACTOR, Draws, Outcome, Proposal, ProposerContext, match_cap, register,
 )
-from specdec.proposers.suffix_index import DEFAULT_DEPTH, SEPARATOR, SuffixAutomaton, SuffixCache, SuffixIndex
+from specdec.proposers.suffix_index import (
+    DEFAULT_DEPTH, NO_TOKEN, SEPARATOR, SuffixAutomaton, SuffixCache, SuffixIndex,
+)
 from specdec.verify.base import Draft
 
 MAX_MATCH = MAX_SPECULATIVE_TOKENS
@@ -81,23 +83,22 @@ def follow(sam: SuffixAutomaton, state: int, length: int, max_len: int, min_prob
     tokens: list[int] = []
     conf: list[float] = []
     nodes: list[tuple[int, int, float]] = []
-    count, last_end, nxt = sam.count, sam.last_end, sam.next
+    count, nxt = sam.count, sam.next
     while len(tokens) < max_len and length > 0:
-        total = sam.continuations(state)
-        best = None
-        for tok, w in nxt[state].items():
-            if tok != SEPARATOR and (best is None or (count[w], last_end[w]) > best[0]):
-                best = ((count[w], last_end[w]), tok)
-        if best is None or total <= 0:
+        tok = sam.best[state]
+        if tok == SEPARATOR:  # an output ended here most often: the best real continuation, by a scan
+            ranked = _ranked(sam, state)
+            tok = ranked[0][2] if ranked else NO_TOKEN
+        if tok == NO_TOKEN:
             break
-        c = best[0][0] / total
+        c = count[nxt[state][tok]] / sam.continuations(state)
         if prob * c < min_prob:
             break
         nodes.append((state, length, prob))
         prob *= c
-        tokens.append(best[1])
+        tokens.append(tok)
         conf.append(c)
-        state, length = sam.child(state, length, best[1])
+        state, length = sam.child(state, length, tok)
     return Path(tokens, conf, nodes)
 
 

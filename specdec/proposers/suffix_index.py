@@ -11,7 +11,9 @@ string of the class, the automaton has at most ``2N`` states, and appending a to
 states holding the text's short suffixes. Counts are kept exact for every state whose shortest string has
 at most ``D + 1`` tokens (the contexts used, and their continuations); that walk visits at most ``D + 2``
 states, so an update is O(D) even for periodic text. Longer states are used only for the length of the
-longest match.
+longest match. A second walk, over the states holding the old text's short suffixes (the only ones whose
+continuations just gained an occurrence), keeps each state's best continuation (most frequent, then most
+recent), so following a path costs O(1) a token instead of a scan of the continuations.
 
 Terms: the text is ``t[0..N-1]``; an occurrence of a string ends at ``e`` (exclusive) when
 ``t[e-len:e]`` equals it; ``count`` is the number of occurrences, ``last_end`` the largest ``e``. An
@@ -30,6 +32,9 @@ DEFAULT_DEPTH = 32
 """``D``: contexts longer than this are cut to their last ``D`` tokens for counting (``SpecConfig.suffix_depth``;
 vLLM uses 24, ArcticInference 64); longer matches still count for a proposal's length."""
 
+NO_TOKEN = -2
+"""``SuffixAutomaton.best`` of a state without continuations."""
+
 SEPARATOR = -1
 """Token placed after each cached output (never a real id): no context contains it, so no match spans
 two outputs, and a continuation that reaches it ends."""
@@ -40,7 +45,9 @@ class SuffixAutomaton:
 
     State 0 is the root (the empty string). Per state (parallel lists, ``[states]``): ``next`` (token ->
     state), ``link`` (suffix link), ``length`` (longest string), ``count`` and ``last_end`` (see the module
-    docstring; exact when ``length[link[s]] + 1 <= depth + 1``).
+    docstring; exact when ``length[link[s]] + 1 <= depth + 1``), and ``best``: the token of the continuation
+    with the largest ``(count, last_end)`` (:data:`NO_TOKEN` for none; exact when
+    ``length[link[s]] + 1 <= depth``).
 
     Args:
         depth: ``D``, the longest context whose statistics are kept (>= 1).
@@ -56,6 +63,7 @@ class SuffixAutomaton:
         self.length: list[int] = [0]
         self.count: list[int] = [0]
         self.last_end: list[int] = [0]
+        self.best: list[int] = [NO_TOKEN]
         self.last = 0  # state of the whole text
         self.tail = 0  # state holding the text's suffix of length min(D, N)
 
@@ -68,12 +76,14 @@ class SuffixAutomaton:
         """States, the root included (at most ``2N``)."""
         return len(self.link)
 
-    def _new_state(self, length: int, link: int, nxt: dict[int, int], count: int, last_end: int) -> int:
+    def _new_state(self, length: int, link: int, nxt: dict[int, int], count: int, last_end: int,
+                   best: int = NO_TOKEN) -> int:
         self.next.append(nxt)
         self.link.append(link)
         self.length.append(length)
         self.count.append(count)
         self.last_end.append(last_end)
+        self.best.append(best)
         return len(self.link) - 1
 
     def extend(self, tokens: Sequence[int]) -> None:
@@ -98,7 +108,8 @@ class SuffixAutomaton:
             if length[p] + 1 == length[q]:
                 link[cur] = q
             else:  # split q: its strings up to length[p] + 1 move to a clone (same end positions so far)
-                clone = self._new_state(length[p] + 1, link[q], dict(nxt[q]), self.count[q], self.last_end[q])
+                clone = self._new_state(length[p] + 1, link[q], dict(nxt[q]), self.count[q], self.last_end[q],
+                                        self.best[q])
                 while p != -1 and nxt[p].get(c) == q:
                     nxt[p][c] = clone
                     p = link[p]
@@ -110,11 +121,20 @@ class SuffixAutomaton:
         # x + c ends at n + 1 and so do all its suffixes: the states from w down to the root. States above w
         # hold only strings longer than D + 1, whose counts are not kept.
         w = nxt[s][c]
+        count, best = self.count, self.best
         u = w
         while u > 0:
-            self.count[u] += 1
+            count[u] += 1
             self.last_end[u] = n + 1
             u = link[u]
+        # The states from s down hold x and its suffixes; their c-continuations just gained the newest
+        # occurrence, so c is now their best unless another continuation is strictly more frequent.
+        v = s
+        while v != -1:
+            b = best[v]
+            if b == NO_TOKEN or b == c or count[nxt[v][c]] >= count[nxt[v][b]]:
+                best[v] = c
+            v = link[v]
         if x_len + 1 > self.depth and length[link[w]] >= self.depth:
             w = link[w]
         self.tail = w
