@@ -162,7 +162,8 @@ def prompts(v: int):
     )
 
 
-CASE = st.tuples(st.sampled_from(["none", "draft", "ngram", "suffix", "hybrid", "auto"]), st.sampled_from(["token", "block"]),
+CASE = st.tuples(st.sampled_from(["none", "draft", "ngram", "suffix", "hybrid", "auto"]),
+                 st.sampled_from(["token", "block"]),
                  st.integers(0, 6), st.sampled_from([False, False, True]), st.integers(0, 2))
 
 

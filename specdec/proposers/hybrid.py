@@ -157,7 +157,7 @@ class HybridProposer:
         self.probe = ProbeSchedule()
         self.log = PredictionLog()
         self._stats: dict[str, AcceptanceStats] = {}
-        self._cap: dict[str, int] = {}  # per source (draft, ngram): most drafts allowed now (slow start)
+        self._cap: dict[str, int] = {}  # per source (draft, ngram, suffix): most drafts allowed now (slow start)
 
     def stats(self, kind: str) -> AcceptanceStats:
         """This request's acceptance statistics of one kind (``draft``, ``ngramN``, ``suffix``)."""

@@ -137,7 +137,8 @@ messages = st.lists(
     max_size=3,
 )
 speculative = st.one_of(values, st.fixed_dictionaries({}, optional={
-    "method": st.sampled_from(["draft", "ngram", "suffix", "none", "x"]), "num_speculative_tokens": st.integers(-2, 70)}))
+    "method": st.sampled_from(["draft", "ngram", "suffix", "none", "x"]),
+    "num_speculative_tokens": st.integers(-2, 70)}))
 FIELDS = {
     "model": st.one_of(st.just("tiny"), values), "max_tokens": st.one_of(st.integers(-2, LIMIT + 2), values),
     "temperature": values, "top_p": values, "top_k": values, "min_p": values,
