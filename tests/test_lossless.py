@@ -2,10 +2,10 @@
 
 For each setting in a matrix (each parameter alone and combined) x k in {1, 3, 5} x proposer {draft
 model, n-gram} x verifier {token, block, gumbel} (and suffix decoding: single paths at k=3, token trees at
-k=5), the first 3 generated tokens are sampled N times through the real engine (the speculative step, SamplingState, proposers, verifiers, SequenceCache) and their
-empirical joint is
-tested against the EXACT target distribution by Pearson's chi-square (specdec.check: cells sized for
-expected counts >= 5, small ones pooled). The engine's first token is the prefill's plain step, so
+k=5), the first 3 generated tokens are sampled N times through the real engine (the speculative step,
+SamplingState, proposers, verifiers, SequenceCache) and their empirical joint is tested against the EXACT
+target distribution by Pearson's chi-square (specdec.check: cells sized for expected counts >= 5, small
+ones pooled). The engine's first token is the prefill's plain step, so
 tokens 2 and 3 are the first two of the first speculative block: token 3 is where per-row histories
 (drafts before it count for penalties and min_tokens) matter.
 
