@@ -150,7 +150,8 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
                 params = serving.SamplingParams(**kwargs, max_tokens=max_tokens, seed=req.seed, n=req.n)
                 items.extend((ids, params.for_sample(j), spec) for j in range(req.n))
             except (ValueError, TypeError) as e:
-                raise APIError(400, str(e)) from None
+                raise APIError(400, str(e), param=serving.param_of(str(e))) from None
+            serving.check_logit_bias(engine, params)
         try:
             return serving.Choices(state["scheduler"], items)
         except APIError as e:

@@ -20,9 +20,11 @@ from specdec.params import MAX_SPECULATIVE_TOKENS
 
 
 class _Lenient(BaseModel):
-    """Unknown fields are kept (and later mapped onto SamplingParams or ignored); NaN/inf are refused."""
+    """Unknown fields are kept (and later mapped onto SamplingParams or ignored); NaN/inf are refused,
+    and so are numbers sent as strings or booleans (strict types, as OpenAI's API: ``"0.5"`` is not a
+    temperature; an integer is accepted where a float is expected)."""
 
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
 
 
 class StreamOptions(_Lenient):
@@ -34,7 +36,7 @@ class StreamOptions(_Lenient):
 class SpeculativeOptions(BaseModel):
     """Request extension: per-request proposer settings (default: the server's)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     method: str | None = Field(None, description="A SpecConfig method: draft, ngram, suffix, hybrid, auto or none.")
     num_speculative_tokens: int | None = Field(None, ge=0, le=MAX_SPECULATIVE_TOKENS)
 

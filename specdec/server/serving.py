@@ -58,7 +58,9 @@ class Limits:
 def _adapter(name: str) -> TypeAdapter:
     hint = typing.get_type_hints(SamplingParams)[name]
     try:
-        return TypeAdapter(hint, config=ConfigDict(allow_inf_nan=False))
+        # strict: numbers sent as strings or booleans are refused; logit_bias's keys are JSON strings
+        # (checked strictly, values too, by the request model) that become token ids here
+        return TypeAdapter(hint, config=ConfigDict(allow_inf_nan=False, strict=name != "logit_bias"))
     except Exception:  # pydantic refuses a config for some types (e.g. dataclasses); validate without
         return TypeAdapter(hint)
 
@@ -148,6 +150,25 @@ def check_prompt(engine, ids: list[int], limits: Limits) -> list[int]:
     except ValueError as e:
         code = "context_length_exceeded" if "context" in str(e) else None
         raise APIError(400, str(e), param="prompt", code=code) from None
+
+
+def check_logit_bias(engine, params: SamplingParams) -> None:
+    """Refuse ``logit_bias`` ids outside the real vocabulary with a 400 before a stream starts (the
+    scheduler would find them too, but only after the 200 of a streamed answer went out).
+
+    Raises:
+        APIError: 400 naming the first such id.
+    """
+    bad = [t for t in params.logit_bias if not 0 <= t < engine.info.vocab_size]
+    if bad:
+        raise APIError(400, f"logit_bias token id {bad[0]} is outside the vocabulary "
+                       f"(0..{engine.info.vocab_size - 1})", param="logit_bias")
+
+
+def param_of(message: str) -> str | None:
+    """The request field a :class:`SamplingParams` error message starts with, or None."""
+    first = message.split(" ", 1)[0]
+    return first if first in SamplingParams.__dataclass_fields__ else None
 
 
 def tokenize_completion_prompts(engine, prompt) -> list[list[int]]:

@@ -79,7 +79,7 @@ class PositionNoise:
         Tokens with probability 0 (filtered) are never chosen.
         """
         e = self.exponentials(t)
-        with np.errstate(divide="ignore"):
+        with np.errstate(divide="ignore", over="ignore"):
             ratio = e / probs  # [V] float64; +inf where p = 0
         return int(np.argmin(ratio))
 

@@ -87,7 +87,32 @@ BAD = {
     "tools": ("/chat/completions", chat_body(tools=[{"type": "function", "function": {"name": "f"}}]), 400),
     "echo": ("/completions", json.dumps({"prompt": "x", "echo": True}).encode(), 400),
     "oversized body": ("/completions", json.dumps({"prompt": "x" * 70_000}).encode(), 413),
+    # numbers sent as strings or booleans (OpenAI refuses them; pydantic's lax mode used to convert them)
+    "temperature a numeric string": ("/chat/completions", chat_body(temperature="0.5"), 400),
+    "temperature a boolean": ("/chat/completions", chat_body(temperature=True), 400),
+    "seed a string": ("/chat/completions", chat_body(seed="7"), 400),
+    "max_tokens a numeric string": ("/chat/completions", chat_body(max_tokens="2"), 400),
+    "top_k a numeric string": ("/chat/completions", chat_body(top_k="5"), 400),
+    "stream a string": ("/chat/completions", chat_body(stream="yes"), 400),
+    "logit_bias value a string": ("/chat/completions", chat_body(logit_bias={"5": "5"}), 400),
 }
+
+
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
+def test_out_of_vocabulary_logit_bias_streamed_gets_400_before_the_stream(http, path):
+    """A streamed request with a bad logit_bias id got a 200, then an error event: the id was only
+    checked in the scheduler thread, after the stream had started."""
+    body = {"max_tokens": 2, "stream": True, "logit_bias": {"999999": 5},
+            **({"messages": MSG} if path.startswith("/chat") else {"prompt": "hi"})}
+    err = assert_openai_error(http.post(path, content=json.dumps(body).encode()), 400)
+    assert err["param"] == "logit_bias" and "999999" in err["message"]
+
+
+@pytest.mark.parametrize("field, value", [("temperature", 101), ("top_k", -1), ("min_p", 2),
+                                          ("repetition_penalty", 1e-308)])
+def test_bound_errors_name_the_field(http, field, value):
+    err = assert_openai_error(http.post("/chat/completions", content=chat_body(**{field: value})), 400)
+    assert err["param"] == field, err
 
 
 @pytest.mark.parametrize("name", list(BAD))

@@ -33,7 +33,9 @@ def test_default_pair_over_http(client):
     chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content  # alone in the batch both times: same computation
-    assert chunks[-1].usage == full.usage and full.usage.completion_tokens == 24
+    counts = lambda u: (u.prompt_tokens, u.completion_tokens, u.total_tokens)  # noqa: E731
+    assert counts(chunks[-1].usage) == counts(full.usage) and full.usage.completion_tokens == 24
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0  # the same prompt again: prefix cache
 
     out = [None, None]
 
