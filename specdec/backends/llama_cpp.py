@@ -5,8 +5,9 @@ several sequences into one ``llama_decode`` batch, so a scheduler can score ever
 in a single forward pass. The backend tracks each sequence's length itself: llama.cpp requires new
 tokens to continue at the sequence's current end, and rollback is an explicit :meth:`truncate`.
 
-Sequence bookkeeping (ids, lengths, batch checks, rollback) is :class:`~specdec.backends.base.SequenceBook`'s;
-this module holds only llama.cpp's own calls. It knows token ids, logits and the GGUF file; it knows
+Sequence bookkeeping (ids, lengths, batch checks, rollback) is :class:`~specdec.backends.base.SequenceBook`'s,
+the batch, tokenizer and fingerprint loops :class:`~specdec.backends.gguf.GGUFBackend`'s; this module holds
+only llama.cpp's own calls and settings. It knows token ids, logits and the GGUF file; it knows
 nothing about sampling, speculation or which tokens a cache should hold (that is
 :class:`~specdec.backends.base.SequenceCache`'s job). It is not thread-safe: one thread drives one backend.
 """
@@ -14,18 +15,14 @@ nothing about sampling, speculation or which tokens a cache should hold (that is
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import struct
 from pathlib import Path
-from typing import Sequence
 
 import llama_cpp as lc
-import numpy as np
 
-from specdec.backends.base import BackendError, CacheFullError, SequenceBook
-from specdec.backends.chat_template import ChatTemplate
+from specdec.backends.base import BackendError
 from specdec.backends.cpu import physical_cores
+from specdec.backends.gguf import GGUFBackend
 from specdec.models import check_gguf
 
 _initialized = False
@@ -51,7 +48,7 @@ def _init_llama() -> None:
         _initialized = True
 
 
-class LlamaCppBackend(SequenceBook):
+class LlamaCppBackend(GGUFBackend):
     """One GGUF model serving up to ``n_seq_max`` sequences of ``n_ctx`` tokens each.
 
     Args:
@@ -132,12 +129,7 @@ class LlamaCppBackend(SequenceBook):
         self._batch = lc.llama_batch_init(n_batch, 0, 1)
         self._batch_live = True
 
-        self.n_vocab = lc.llama_vocab_n_tokens(self._vocab)
-        self.eog_ids = frozenset(i for i in range(self.n_vocab) if lc.llama_vocab_is_eog(self._vocab, i))
-        self._init_book()
-        self._piece_cache: list[bytes | None] = [None] * self.n_vocab
-        self._template: ChatTemplate | None = None
-        self._control_texts: frozenset[str] | None = None
+        self._init_gguf(lc.llama_vocab_n_tokens(self._vocab))
 
     # -- the library's own sequence calls (bookkeeping: SequenceBook) ---------------------------
 
@@ -152,140 +144,36 @@ class LlamaCppBackend(SequenceBook):
         lc.llama_memory_seq_cp(self._mem, src, dst, 0, n_tokens)
         return True
 
-    # -- evaluation ----------------------------------------------------------------------------
+    # -- the library's calls behind GGUFBackend's loops -------------------------------------------
 
-    def _forward(self, batch: dict[int, tuple[Sequence[int], int]]) -> dict[int, np.ndarray]:
-        """One ``llama_decode`` for the whole batch (several if over ``n_batch``); see
-        :meth:`~specdec.backends.base.SequenceBook.eval`, which validates it and rolls back on failure."""
-        toks, seqs, poss, outs = [], [], [], []  # per token: id, sequence, position, wants logits
-        for seq_id, (tokens, n_logits) in batch.items():
-            n, start = len(tokens), self._lengths[seq_id]
-            toks.extend(int(t) for t in tokens)
-            seqs.extend([seq_id] * n)
-            poss.extend(range(start, start + n))
-            outs.extend([False] * (n - n_logits) + [True] * n_logits)
-        result = {s: np.empty((n_logits, self.n_vocab), np.float32) for s, (_, n_logits) in batch.items()}
-        filled = dict.fromkeys(batch, 0)
-        for lo in range(0, len(toks), self.n_batch):
-            hi = min(lo + self.n_batch, len(toks))
-            self._decode(toks[lo:hi], seqs[lo:hi], poss[lo:hi], outs[lo:hi])
-            for i in range(lo, hi):
-                if outs[i]:
-                    row = lc.llama_get_logits_ith(self._ctx, i - lo)
-                    if not row:
-                        raise BackendError(f"llama.cpp returned no logits for batch row {i - lo}")
-                    s = seqs[i]
-                    ctypes.memmove(result[s][filled[s]].ctypes.data, row, 4 * self.n_vocab)
-                    filled[s] += 1
-                self._lengths[seqs[i]] = poss[i] + 1
-        return result
+    def _lib_decode(self) -> int:
+        return lc.llama_decode(self._ctx, self._batch)
 
-    def _decode(self, toks: list[int], seqs: list[int], poss: list[int], outs: list[bool]) -> None:
-        """Fill the llama_batch with one chunk (at most ``n_batch`` tokens) and decode it."""
-        n = len(toks)
-        b = self._batch
-        np.ctypeslib.as_array(b.token, shape=(n,))[:] = toks
-        np.ctypeslib.as_array(b.pos, shape=(n,))[:] = poss
-        np.ctypeslib.as_array(b.n_seq_id, shape=(n,))[:] = 1
-        np.ctypeslib.as_array(b.logits, shape=(n,))[:] = outs
-        seq_id = b.seq_id
-        for i, s in enumerate(seqs):
-            seq_id[i][0] = s
-        b.n_tokens = n
-        rc = lc.llama_decode(self._ctx, b)
-        if rc == 1:  # llama.cpp: no KV slot for the batch
-            raise CacheFullError(f"llama.cpp's KV cache of {self.name} is full ({n} tokens, sequences {sorted(set(seqs))})")
-        if rc != 0:
-            raise BackendError(f"llama_decode failed with code {rc} ({n} tokens, sequences {sorted(set(seqs))})")
+    def _lib_logits(self, row: int):
+        return lc.llama_get_logits_ith(self._ctx, row)
 
-    # -- tokenizer -----------------------------------------------------------------------------
+    def _lib_tokenize(self, data: bytes, buf, size: int, special: bool) -> int:
+        return lc.llama_tokenize(self._vocab, data, len(data), buf, size, False, special)
 
-    def tokenize(self, text: str, special: bool = False) -> list[int]:
-        """Text to token ids, never adding BOS/EOS; ``special=True`` parses control tokens written in
-        the text (``<|im_start|>``) as single tokens, ``False`` tokenizes them as plain text."""
-        data = text.encode("utf-8")
-        size = len(data) // 2 + 16  # ~4 bytes per token in practice; byte-heavy text retries once
-        while True:
-            buf = (lc.llama_token * size)()
-            n = lc.llama_tokenize(self._vocab, data, len(data), buf, size, False, special)
-            if n >= 0:
-                return list(buf[:n])
-            size = -n  # buffer too small: llama.cpp returns minus the count it needs
+    def _lib_piece(self, token_id: int, buf, size: int) -> int:
+        return lc.llama_token_to_piece(self._vocab, token_id, buf, size, 0, False)
 
-    def token_bytes(self, token_id: int) -> bytes:
-        """The raw bytes of one token (may be part of a UTF-8 character).
+    def _lib_token_text(self, token_id: int) -> bytes | None:
+        return lc.llama_vocab_get_text(self._vocab, token_id)
 
-        Rendered with ``special=False``, as llama.cpp detokenizes generated text: control tokens such
-        as ``<|im_end|>`` give ``b""``; user-defined tokens give their text.
-        """
-        piece = self._piece_cache[token_id]
-        if piece is None:
-            buf = ctypes.create_string_buffer(64)
-            n = lc.llama_token_to_piece(self._vocab, token_id, buf, len(buf), 0, False)
-            if n < 0:  # buffer too small: minus the size needed
-                buf = ctypes.create_string_buffer(-n)
-                n = lc.llama_token_to_piece(self._vocab, token_id, buf, len(buf), 0, False)
-            piece = self._piece_cache[token_id] = buf.raw[:n]
-        return piece
+    def _lib_token_attr(self, token_id: int) -> int:
+        return lc.llama_vocab_get_attr(self._vocab, token_id)
 
-    def control_token_texts(self) -> frozenset[str]:
-        """Texts of the tokens llama.cpp parses only with ``parse_special``: control and unknown tokens
-        (user-defined ones, such as Qwen's ``<tool_call>``, are parsed in plain text too)."""
-        if self._control_texts is None:
-            flags = lc.LLAMA_TOKEN_ATTR_CONTROL | lc.LLAMA_TOKEN_ATTR_UNKNOWN
-            vocab = self._vocab
-            self._control_texts = frozenset(
-                (lc.llama_vocab_get_text(vocab, i) or b"").decode("utf-8", "replace")
-                for i in range(self.n_vocab) if lc.llama_vocab_get_attr(vocab, i) & flags)
-        return self._control_texts
+    def _lib_is_eog(self, token_id: int) -> bool:
+        return bool(lc.llama_vocab_is_eog(self._vocab, token_id))
 
-    def vocab_fingerprint(self) -> tuple[int, str]:
-        """``(vocab_size, sha256 hex)`` of the vocabulary, for matching a draft to a target.
+    def _lib_eos_bos(self) -> tuple[int, int]:
+        return lc.llama_vocab_eos(self._vocab), lc.llama_vocab_bos(self._vocab)
 
-        Real tokens are those not marked unused (padding rows such as Qwen's ``[PAD151646]`` are
-        left out, so models that differ only in padding match). The digest covers each real
-        token's id and stored text (``llama_vocab_get_text``, control tokens included) and the
-        eos and bos ids; ``vocab_size`` is one past the highest real id (see
-        :meth:`specdec.backends.base.Backend.vocab_fingerprint`). About 0.1 s for a 152k-token vocabulary.
-        """
-        h, end = hashlib.sha256(), 0
-        get_text, get_attr, vocab = lc.llama_vocab_get_text, lc.llama_vocab_get_attr, self._vocab
-        for i in range(self.n_vocab):
-            if get_attr(vocab, i) & lc.LLAMA_TOKEN_ATTR_UNUSED:
-                continue
-            text = get_text(vocab, i) or b""
-            h.update(struct.pack("<ii", i, len(text)))
-            h.update(text)
-            end = i + 1
-        h.update(struct.pack("<ii", lc.llama_vocab_eos(vocab), lc.llama_vocab_bos(vocab)))
-        return end, h.hexdigest()
+    def _lib_chat_template(self) -> bytes | None:
+        return lc.llama_model_chat_template(self._model, None)
 
-    # -- chat template -------------------------------------------------------------------------
-
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        """Render chat messages with the model's jinja chat template, ending with the assistant prompt.
-
-        Raises:
-            ValueError: when the model has no chat template, or the template fails on the messages.
-        """
-        if self._template is None:
-            vocab = self._vocab
-
-            def token_text(i: int) -> str:
-                return (lc.llama_vocab_get_text(vocab, i) or b"").decode("utf-8", "replace") if i >= 0 else ""
-
-            source = lc.llama_model_chat_template(self._model, None)
-            self._template = ChatTemplate(source.decode("utf-8", "replace") if source else None, self.name,
-                                          bos_token=token_text(lc.llama_vocab_bos(vocab)),
-                                          eos_token=token_text(lc.llama_vocab_eos(vocab)))
-        return self._template.render(messages)
-
-    # -- lifetime ------------------------------------------------------------------------------
-
-    def close(self) -> None:
-        """Free the batch, the context and the model; idempotent. Later calls raise BackendError."""
-        if hasattr(self, "_lengths"):
-            self._close_book()
+    def _lib_free(self) -> None:
         if getattr(self, "_batch_live", False):
             lc.llama_batch_free(self._batch)
             self._batch_live = False
@@ -295,18 +183,3 @@ class LlamaCppBackend(SequenceBook):
         if getattr(self, "_model", None):
             lc.llama_model_free(self._model)
             self._model = None
-
-    def __enter__(self) -> "LlamaCppBackend":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:  # at interpreter shutdown the library (and contextlib) may be gone already
-            self.close()
-        except Exception:
-            pass
-
-    def __repr__(self) -> str:
-        return f"LlamaCppBackend({self.name!r}, n_ctx={self.n_ctx}, n_seq_max={self.n_seq_max})"

@@ -1,0 +1,289 @@
+"""ik_llama.cpp backend: many sequences in one ik_llama.cpp context, through ik-llama-cpp-python's library.
+
+ik_llama.cpp is a llama.cpp fork with faster CPU kernels (weights repacked at load for batched matrix
+products), which makes scoring ``k+1`` tokens in one call cheaper relative to one token: the quantity
+speculation lives on. It reads the same GGUF files. The package ``ik-llama-cpp-python`` (pinned:
+:data:`IK_VERSION`) ships ``libllama.so`` and a small hand-written ctypes layer; this module uses that
+layer's struct mirrors and functions and declares the few functions it lacks in ONE table
+(:data:`_DECLARED`), typed from ``include/llama.h`` of the same release's sdist. Struct layouts are
+checked against that header by ``tests/backends/test_ik_layout.py``; at load this module checks the
+package version, the symbols it calls and the library's default parameters (a layout canary).
+
+``SPECDEC_IK_LIB=/path/to/libllama.so`` loads another build of the same ik_llama.cpp sources (for example
+one built with ``-DGGML_NATIVE=ON``; see the README) instead of the wheel's.
+
+Sequence bookkeeping is :class:`~specdec.backends.base.SequenceBook`'s, the batch, tokenizer and
+fingerprint loops :class:`~specdec.backends.gguf.GGUFBackend`'s; this module holds only ik_llama.cpp's own
+calls and settings. It knows nothing about sampling or speculation; it is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.metadata
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+from specdec.backends.base import BackendError
+from specdec.backends.cpu import physical_cores
+from specdec.backends.gguf import GGUFBackend
+from specdec.models import check_gguf
+
+IK_VERSION = "0.1.5"
+"""The ik-llama-cpp-python release whose struct layouts this module was checked against."""
+
+LIB_ENV = "SPECDEC_IK_LIB"
+"""Environment variable: path of an ik_llama.cpp ``libllama.so`` to load instead of the package's."""
+
+_c = ctypes
+_log_callback = _c.CFUNCTYPE(None, _c.c_int, _c.c_char_p, _c.c_void_p)  # ggml_log_callback
+
+# The functions ik-llama-cpp-python 0.1.5's _ctypes_api does not declare, typed from include/llama.h of its
+# sdist (pointers to llama_model / llama_context / llama_vocab as void *; llama_token, llama_pos and
+# llama_seq_id are int32_t; enums are int).
+_DECLARED = {
+    "llama_kv_cache_seq_rm": ([_c.c_void_p, _c.c_int32, _c.c_int32, _c.c_int32], _c.c_bool),
+    "llama_kv_cache_seq_cp": ([_c.c_void_p, _c.c_int32, _c.c_int32, _c.c_int32, _c.c_int32], None),
+    "llama_kv_cache_defrag": ([_c.c_void_p], None),
+    "llama_kv_cache_update": ([_c.c_void_p], _c.c_int32),
+    "llama_n_ctx": ([_c.c_void_p], _c.c_uint32),
+    "llama_model_is_recurrent": ([_c.c_void_p], _c.c_bool),
+    "llama_vocab_get_text": ([_c.c_void_p, _c.c_int32], _c.c_char_p),
+    "llama_token_get_attr": ([_c.c_void_p, _c.c_int32], _c.c_int),  # takes the model, not the vocab
+    "llama_vocab_is_eog": ([_c.c_void_p, _c.c_int32], _c.c_bool),
+    "llama_vocab_eos": ([_c.c_void_p], _c.c_int32),
+    "llama_vocab_bos": ([_c.c_void_p], _c.c_int32),
+    "llama_model_chat_template": ([_c.c_void_p, _c.c_char_p], _c.c_char_p),
+    "llama_print_system_info": ([], _c.c_char_p),
+    "llama_log_set": ([_log_callback, _c.c_void_p], None),
+}
+# The functions used as the package declares them (ik's llama_tokenize / llama_token_to_piece take the
+# model, where mainline's take the vocab).
+_FROM_PACKAGE = (
+    "llama_backend_init", "llama_model_default_params", "llama_context_default_params",
+    "llama_model_load_from_file", "llama_free_model", "llama_init_from_model", "llama_free",
+    "llama_model_get_vocab", "llama_vocab_n_tokens", "llama_tokenize", "llama_token_to_piece",
+    "llama_batch_init", "llama_batch_free", "llama_decode", "llama_get_logits_ith",
+)
+
+
+@_log_callback
+def _quiet_log(level: int, text: bytes, user_data) -> None:
+    """Drop ik_llama.cpp's log lines (module-level, so ctypes never frees the callback)."""
+
+
+def _layout_canary(lib: SimpleNamespace) -> list[str]:
+    """Fields of the default parameters that differ from ``llama_model_default_params()`` /
+    ``llama_context_default_params()`` in src/llama.cpp of the pinned release: a library built from other
+    sources, whose structs the package's mirrors would misread, shows up here."""
+    mp, cp = lib.llama_model_default_params(), lib.llama_context_default_params()
+    want = [(mp, "n_seq_max", 1), (mp, "n_ubatch", 512), (mp, "n_k_first", -1), (mp, "n_v_last", -1),
+            (mp, "use_mmap", True), (mp, "repack_tensors", False), (mp, "flash_attn", True),
+            (cp, "n_ctx", 512), (cp, "n_batch", 2048), (cp, "n_ubatch", 512), (cp, "max_extra_alloc", 256),
+            (cp, "n_k_first", -1), (cp, "n_v_last", -1), (cp, "offload_kqv", True), (cp, "mla_attn", 3),
+            (cp, "min_experts", -1), (cp, "graph_reuse", True), (cp, "abort_callback", None)]
+    bad = []
+    for params, field, value in want:
+        got = getattr(params, field)
+        got = None if field == "abort_callback" and not got else got
+        if got != value:
+            bad.append(f"{type(params).__name__}.{field}={got!r} (expected {value!r})")
+    return bad
+
+
+@functools.cache
+def ik_library() -> SimpleNamespace:
+    """The ik_llama.cpp functions this backend calls, loaded once per process.
+
+    Returns:
+        A namespace of ctypes functions (attribute = C name) plus ``path`` (the loaded library file),
+        ``system_info`` and the package's struct classes (``llama_batch``).
+
+    Raises:
+        BackendError: one line saying what to install or fix: the package is missing or another version,
+            ``SPECDEC_IK_LIB`` names no file or another library than the one loaded, a function is
+            missing, or the default parameters read back wrong (a build of other ik_llama.cpp sources).
+    """
+    try:
+        version = importlib.metadata.version("ik-llama-cpp-python")
+    except importlib.metadata.PackageNotFoundError:
+        raise BackendError(f"the ik_llama.cpp backend needs ik-llama-cpp-python=={IK_VERSION}: "
+                           f"pip install 'specdec[ik]' (prebuilt for Linux x86_64)") from None
+    if version != IK_VERSION:
+        raise BackendError(f"the ik_llama.cpp backend was checked against ik-llama-cpp-python {IK_VERSION}, "
+                           f"found {version}: pip install ik-llama-cpp-python=={IK_VERSION}")
+    wanted = os.environ.get(LIB_ENV)
+    if wanted:
+        if not Path(wanted).is_file():
+            raise BackendError(f"{LIB_ENV}={wanted} is not a file: point it at an ik_llama.cpp libllama.so")
+        # the package loads its library at import, from IK_LLAMA_CPP_LIB_PATH when that is set
+        os.environ["IK_LLAMA_CPP_LIB_PATH"] = str(Path(wanted).resolve())
+    try:
+        from ik_llama_cpp import _ctypes_api as C
+    except (OSError, FileNotFoundError) as e:
+        raise BackendError(f"ik-llama-cpp-python could not load its library ({e})") from None
+    raw = C._lib
+    if wanted and Path(raw._name).resolve() != Path(wanted).resolve():
+        raise BackendError(f"{LIB_ENV}={wanted} was set after ik_llama_cpp loaded {raw._name}; set it before "
+                           "the process starts")
+    missing = [n for n in (*_FROM_PACKAGE, *_DECLARED) if not hasattr(raw, n)]
+    if missing:
+        raise BackendError(f"{raw._name} is not the ik_llama.cpp library of ik-llama-cpp-python {IK_VERSION}: "
+                           f"it lacks {', '.join(missing)}")
+    lib = SimpleNamespace(path=raw._name, llama_batch=C.llama_batch,
+                          **{n: getattr(C, n) for n in _FROM_PACKAGE})
+    for name, (argtypes, restype) in _DECLARED.items():
+        fn = raw[name]  # a new function object: the package's own declarations stay untouched
+        fn.argtypes, fn.restype = argtypes, restype
+        setattr(lib, name, fn)
+    bad = _layout_canary(lib)
+    if bad:
+        raise BackendError(f"{raw._name} does not match the struct layout of ik-llama-cpp-python {IK_VERSION} "
+                           f"(built from other ik_llama.cpp sources?): {'; '.join(bad)}")
+    lib.system_info = (lib.llama_print_system_info() or b"").decode()
+    if os.environ.get("SPECDEC_VERBOSE") != "1":
+        lib.llama_log_set(_quiet_log, None)
+    lib.llama_backend_init()
+    return lib
+
+
+def ik_available() -> bool:
+    """Whether the ik_llama.cpp backend can load here (the pinned package installed, its library usable)."""
+    try:
+        ik_library()
+    except BackendError:
+        return False
+    return True
+
+
+class IkLlamaCppBackend(GGUFBackend):
+    """One GGUF model in ik_llama.cpp serving up to ``n_seq_max`` sequences of ``n_ctx`` tokens each.
+
+    ik_llama.cpp keeps one KV cache for all sequences (cells tagged with the sequences that use them):
+    a prefix copy only tags cells, and a batch of several sequences decodes in one micro-batch
+    attending over all cells in use (as llama.cpp's ``kv_unified``).
+
+    Args:
+        path: GGUF model file.
+        n_ctx: Context window per sequence, in tokens.
+        n_seq_max: Sequences that can exist at once (ids ``0..n_seq_max-1``).
+        n_threads: CPU threads; default: the number of physical cores.
+        n_batch: Most tokens per ``llama_decode`` call; larger evaluations are split.
+        name: Human-readable name; default: the file name without ``.gguf``.
+        flash_attn: Flash attention (ik's CPU kernels; default on). Keyword-only options are for tests.
+            The KV cache is F16 either way: ik_llama.cpp aborts the process on an F32 cache with flash
+            attention and refuses an F32 V cache without it.
+        repack: Repack quantized weights at load for ik's batched kernels (default on; needs the
+            weights copied into memory instead of memory-mapped).
+
+    Raises:
+        FileNotFoundError: when ``path`` does not exist.
+        ValueError: when ``path`` is not a GGUF file or a size is out of range.
+        BackendError: when the library is missing or mismatched (see :func:`ik_library`), or fails to
+            load the model or to create the context.
+    """
+
+    def __init__(self, path: str | Path, n_ctx: int = 4096, n_seq_max: int = 8, n_threads: int | None = None,
+                 n_batch: int = 512, name: str | None = None, *, flash_attn: bool = True, repack: bool = True):
+        self._model = self._ctx = None
+        path = check_gguf(path)
+        if n_ctx < 1 or n_batch < 1 or n_seq_max < 1:
+            raise ValueError(f"n_ctx, n_batch and n_seq_max must be >= 1, got {n_ctx}, {n_batch}, {n_seq_max}")
+        if n_threads is not None and n_threads < 1:
+            raise ValueError(f"n_threads (--threads) must be at least 1, got {n_threads}")
+        self._lib = lib = ik_library()
+        self.path = path
+        self.name = name or path.name.removesuffix(".gguf")
+        self.n_ctx, self.n_seq_max, self.n_batch = n_ctx, n_seq_max, n_batch
+        self.n_threads = n_threads or physical_cores()
+        self.flash_attn = flash_attn
+
+        mparams = lib.llama_model_default_params()
+        mparams.repack_tensors = repack
+        mparams.use_mmap = not repack  # repacking rewrites the weights: they must live in our memory
+        mparams.flash_attn = flash_attn
+        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise BackendError(f"ik_llama.cpp could not load {path} (unsupported or corrupt GGUF?)")
+        self._vocab = lib.llama_model_get_vocab(self._model)
+        self.recurrent = bool(lib.llama_model_is_recurrent(self._model))
+
+        # ik_llama.cpp's n_ctx is the whole KV cache, shared by all sequences: n_ctx * n_seq_max cells;
+        # SequenceBook enforces n_ctx per sequence.
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = n_ctx * n_seq_max
+        cparams.n_seq_max = n_seq_max
+        cparams.n_batch = cparams.n_ubatch = n_batch  # one llama_decode = one micro-batch (see _lib_decode)
+        cparams.n_threads = cparams.n_threads_batch = self.n_threads
+        cparams.flash_attn = flash_attn
+        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            self.close()
+            raise BackendError(f"ik_llama.cpp could not create a context of {n_ctx} x {n_seq_max} tokens")
+        assert lib.llama_n_ctx(self._ctx) >= n_ctx * n_seq_max, (lib.llama_n_ctx(self._ctx), n_ctx * n_seq_max)
+        self._batch = lib.llama_batch_init(n_batch, 0, 1)
+        self._batch_live = True
+        self._init_gguf(lib.llama_vocab_n_tokens(self._vocab))
+
+    # -- the library's own sequence calls (bookkeeping: SequenceBook) ---------------------------
+
+    def _drop(self, seq_id: int, n_tokens: int) -> bool:
+        return bool(self._lib.llama_kv_cache_seq_rm(self._ctx, seq_id, n_tokens, -1))
+
+    def _copy(self, src: int, dst: int, n_tokens: int) -> bool:
+        # One cache for all sequences: the copy tags src's cells with dst too, no data moves. A
+        # recurrent model's state cannot be shared by prefix, so refuse there.
+        if self.recurrent:
+            return False
+        self._lib.llama_kv_cache_seq_cp(self._ctx, src, dst, 0, n_tokens)
+        return True
+
+    # -- the library's calls behind GGUFBackend's loops -------------------------------------------
+
+    def _lib_decode(self) -> int:
+        rc = self._lib.llama_decode(self._ctx, self._batch)
+        if rc == 1:
+            # 1 = no run of free cells long enough for the micro-batch: ik_llama.cpp places a micro-batch
+            # in contiguous cells, and truncated drafts leave holes. Nothing was written (one call is one
+            # micro-batch, n_ubatch = n_batch): compact the cache and try once more.
+            self._lib.llama_kv_cache_defrag(self._ctx)
+            self._lib.llama_kv_cache_update(self._ctx)
+            rc = self._lib.llama_decode(self._ctx, self._batch)
+        return rc
+
+    def _lib_logits(self, row: int):
+        return self._lib.llama_get_logits_ith(self._ctx, row)
+
+    def _lib_tokenize(self, data: bytes, buf, size: int, special: bool) -> int:
+        return self._lib.llama_tokenize(self._model, data, len(data), buf, size, False, special)
+
+    def _lib_piece(self, token_id: int, buf, size: int) -> int:
+        return self._lib.llama_token_to_piece(self._model, token_id, buf, size, 0, False)
+
+    def _lib_token_text(self, token_id: int) -> bytes | None:
+        return self._lib.llama_vocab_get_text(self._vocab, token_id)
+
+    def _lib_token_attr(self, token_id: int) -> int:
+        return self._lib.llama_token_get_attr(self._model, token_id)
+
+    def _lib_is_eog(self, token_id: int) -> bool:
+        return bool(self._lib.llama_vocab_is_eog(self._vocab, token_id))
+
+    def _lib_eos_bos(self) -> tuple[int, int]:
+        return self._lib.llama_vocab_eos(self._vocab), self._lib.llama_vocab_bos(self._vocab)
+
+    def _lib_chat_template(self) -> bytes | None:
+        return self._lib.llama_model_chat_template(self._model, None)
+
+    def _lib_free(self) -> None:
+        if getattr(self, "_batch_live", False):
+            self._lib.llama_batch_free(self._batch)
+            self._batch_live = False
+        if getattr(self, "_ctx", None):
+            self._lib.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            self._lib.llama_free_model(self._model)
+            self._model = None
