@@ -21,7 +21,7 @@ def load_engine(
     n_seq_max: int = 4,
     n_threads: int | None = None,
     progress: bool = True,
-    backend: str = "llama.cpp",
+    backend: str | None = None,
     device: str | None = None,
     dtype: str | None = None,
     kv_cells: int | None = None,
@@ -37,11 +37,13 @@ def load_engine(
         n_seq_max: Sequences (concurrent requests) one context holds.
         n_threads: CPU threads; default: physical cores.
         progress: Show download progress.
-        backend: ``"llama.cpp"`` (GGUF files) or ``"hf"`` (transformers/PyTorch: also Hugging Face
-            folders and hub names; needs ``pip install 'specdec[hf]'``).
+        backend: ``"llama.cpp"`` (GGUF files, llama-cpp-python), ``"ik_llama.cpp"`` or ``"ik"`` (the same
+            GGUF files on ik_llama.cpp's faster CPU kernels; needs ``ik-llama-cpp-python``, installed with
+            specdec on Linux x86_64) or ``"hf"`` (transformers/PyTorch: also Hugging Face folders and hub
+            names; needs ``pip install 'specdec[hf]'``); default: :func:`default_backend`.
         device: ``cpu``, ``cuda`` or ``cuda:N`` (``hf`` only; default cpu).
         dtype: ``float32``, ``bfloat16`` or ``float16`` (``hf`` only; default float32).
-        kv_cells: KV cells per model shared by all sequences (``llama.cpp`` only; default
+        kv_cells: KV cells per model shared by all sequences (GGUF backends only; default
             ``n_ctx * n_seq_max``): a server keeps more sequences (parked prefixes, alternative
             candidates) than full-length ones.
 
@@ -49,12 +51,14 @@ def load_engine(
         FileNotFoundError, ValueError: bad paths, non-GGUF files, mismatched vocabularies, an unknown
             backend, device or dtype.
         specdec.models.ModelDownloadError: when a known model cannot be fetched.
+        specdec.backends.base.BackendError: when the backend's library is missing or fails to load a model.
     """
     spec = spec or SpecConfig()
+    backend = backend_name(backend)
     target, draft = model_names(target, draft, spec.method)
     load = _backend_loader(backend, device, dtype, n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=n_threads,
                            progress=progress, n_cells=kv_cells)
-    if backend == "llama.cpp":  # fetch every missing file first, so one error names them all
+    if backend in GGUF_BACKENDS:  # fetch every missing file first, so one error names them all
         from specdec.models import resolve_models
 
         paths = resolve_models([n for n in (target, draft) if n is not None], progress=progress)
@@ -94,28 +98,59 @@ def model_names(target: str | None, draft: str | None, method: str) -> tuple[str
     return target, None
 
 
-BACKENDS = ("llama.cpp", "hf")
-"""Names accepted by ``load_engine(backend=...)`` and ``--backend``."""
+BACKENDS = ("llama.cpp", "ik_llama.cpp", "hf")
+"""Names accepted by ``load_engine(backend=...)`` and ``--backend`` (besides :data:`BACKEND_ALIASES`)."""
+
+BACKEND_ALIASES = {"ik": "ik_llama.cpp"}
+"""Short names of backends."""
+
+GGUF_BACKENDS = ("llama.cpp", "ik_llama.cpp")
+"""The backends that run GGUF files (known model names resolve to GGUF files for them)."""
+
+
+def default_backend() -> str:
+    """``ik_llama.cpp`` where its pinned package is installed and loads (Linux x86_64: a dependency of
+    specdec there), else ``llama.cpp``: on the CPUs measured (docs/bench/) ik_llama.cpp scores one token
+    and k+1 tokens faster, with the same GGUF files and, greedy, the same tokens up to near-ties."""
+    from specdec.backends.ik_llama_cpp import ik_available
+
+    return "ik_llama.cpp" if ik_available() else "llama.cpp"
+
+
+def backend_name(backend: str | None) -> str:
+    """The canonical name of ``backend`` (an alias resolved; None: :func:`default_backend`).
+
+    Raises:
+        ValueError: for an unknown name.
+    """
+    if backend is None:
+        return default_backend()
+    backend = BACKEND_ALIASES.get(backend, backend)
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join([*BACKENDS, *BACKEND_ALIASES])}")
+    return backend
 
 
 def _backend_loader(backend: str, device: str | None, dtype: str | None, **kwargs):
     """A function ``model name or path -> Backend`` for ``backend``; raises ValueError on bad options."""
-    if backend == "llama.cpp":
+    backend = backend_name(backend)
+    if backend in GGUF_BACKENDS:
         if device not in (None, "cpu") or dtype not in (None, "float32"):
-            raise ValueError("--device and --dtype apply to --backend hf; llama.cpp runs GGUF files on the CPU")
-        from specdec.backends.llama_cpp import LlamaCppBackend
+            raise ValueError(f"--device and --dtype apply to --backend hf; {backend} runs GGUF files on the CPU")
         from specdec.models import resolve_model
 
+        if backend == "llama.cpp":
+            from specdec.backends.llama_cpp import LlamaCppBackend as cls
+        else:
+            from specdec.backends.ik_llama_cpp import IkLlamaCppBackend as cls
         progress = kwargs.pop("progress")
-        return lambda name: LlamaCppBackend(resolve_model(name, progress=progress), **kwargs)
+        return lambda name: cls(resolve_model(name, progress=progress), **kwargs)
     kwargs.pop("n_cells")
-    if backend == "hf":
-        try:
-            from specdec.backends.hf import HFBackend
-        except ImportError as e:
-            raise ValueError(f"--backend hf needs torch and transformers ({e}); pip install 'specdec[hf]'") from e
-        return lambda name: HFBackend.load(name, device=device or "cpu", dtype=dtype or "float32", **kwargs)
-    raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    try:
+        from specdec.backends.hf import HFBackend
+    except ImportError as e:
+        raise ValueError(f"--backend hf needs torch and transformers ({e}); pip install 'specdec[hf]'") from e
+    return lambda name: HFBackend.load(name, device=device or "cpu", dtype=dtype or "float32", **kwargs)
 
 
 @functools.lru_cache(maxsize=2)

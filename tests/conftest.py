@@ -1,7 +1,9 @@
 """Shared fixtures: tiny random-weight GGUF models (built once per session) and their backends.
 
-The backends are session-scoped, so a test must free the sequences it reserves; an autouse
-fixture frees any it leaves behind, so that one failing test cannot starve the others of sequences.
+The GGUF backends (``tiny_target``, ``tiny_draft``) are parametrized over the GGUF libraries
+(:data:`GGUF_BACKENDS`: llama.cpp, and ik_llama.cpp where its package is installed), so every test that
+uses them runs on each. The backends are session-scoped, so a test must free the sequences it reserves;
+an autouse fixture frees any it leaves behind, so that one failing test cannot starve the others.
 """
 
 from __future__ import annotations
@@ -9,22 +11,41 @@ from __future__ import annotations
 import pytest
 from tiny_gguf import write_tiny_qwen2_gguf
 
+from specdec.backends.ik_llama_cpp import IkLlamaCppBackend, ik_available
 from specdec.backends.llama_cpp import LlamaCppBackend
 
 TINY_N_CTX = 512
 TINY_N_SEQ_MAX = 4
+IK = ik_available()
+GGUF_BACKENDS = [
+    pytest.param("llama.cpp"),
+    pytest.param("ik_llama.cpp", marks=pytest.mark.skipif(
+        not IK, reason="ik-llama-cpp-python==0.1.5 is not installed (pip install -e '.[ik]')")),
+]
+"""The GGUF backends a test runs on, as ``pytest.mark.parametrize`` values."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "real: needs the real default model pair (about 1.6 GB)")
 
 
-def tiny_backend(path, **kwargs) -> LlamaCppBackend:
-    """A backend on a tiny model with exact numerics (F32 KV cache, no flash attention), so that
-    batched and one-token evaluation agree to ~1e-5. One thread by default: a tiny model gains nothing
-    from more, and on a busy machine llama.cpp's thread synchronization made each decode 5-50x slower."""
+def tiny_backend(path, backend: str = "llama.cpp", **kwargs) -> LlamaCppBackend | IkLlamaCppBackend:
+    """A ``backend`` backend on a tiny model with exact numerics, so that batched and one-token
+    evaluation agree to ~1e-5: no flash attention, and with llama.cpp an F32 KV cache (ik_llama.cpp's
+    F16 cache already agrees exactly on the tiny F32 models). One thread by default: a tiny model
+    gains nothing from more, and on a busy machine llama.cpp's thread synchronization made each decode
+    5-50x slower."""
     kwargs = {"n_ctx": TINY_N_CTX, "n_seq_max": TINY_N_SEQ_MAX, "n_threads": 1, **kwargs}
+    if backend == "ik_llama.cpp":
+        return IkLlamaCppBackend(path, flash_attn=False, **kwargs)
+    assert backend == "llama.cpp", backend
     return LlamaCppBackend(path, flash_attn=False, kv_cache_type="f32", **kwargs)
+
+
+@pytest.fixture(scope="session", params=GGUF_BACKENDS)
+def gguf_backend(request) -> str:
+    """The name of a GGUF backend (each in turn): tests on ``tiny_target``/``tiny_draft`` run on every one."""
+    return request.param
 
 
 @pytest.fixture(scope="session")
@@ -44,18 +65,38 @@ def tiny_draft_path(tiny_model_dir):
     return write_tiny_qwen2_gguf(tiny_model_dir / "draft.gguf", seed=1, n_layer=1)
 
 
-@pytest.fixture(scope="session")
-def tiny_target(tiny_target_path):
-    """Backend on the tiny target: n_ctx 512, n_seq_max 4."""
-    with tiny_backend(tiny_target_path, name="tiny-target") as backend:
-        yield backend
+def _tiny_pair_fixtures(backend: str, prefix: str):
+    """Session fixtures ``{prefix}_tiny_target`` and ``{prefix}_tiny_draft``: ``backend`` on the tiny models."""
+
+    @pytest.fixture(scope="session", name=f"{prefix}_tiny_target")
+    def target(tiny_target_path):
+        with tiny_backend(tiny_target_path, backend, name="tiny-target") as b:
+            yield b
+
+    @pytest.fixture(scope="session", name=f"{prefix}_tiny_draft")
+    def draft(tiny_draft_path):
+        with tiny_backend(tiny_draft_path, backend, name="tiny-draft") as b:
+            yield b
+
+    return target, draft
+
+
+llama_tiny_target, llama_tiny_draft = _tiny_pair_fixtures("llama.cpp", "llama")
+ik_tiny_target, ik_tiny_draft = _tiny_pair_fixtures("ik_llama.cpp", "ik")
+GGUF_FIXTURES = {"llama.cpp": ("llama_tiny_target", "llama_tiny_draft"), "ik_llama.cpp": ("ik_tiny_target", "ik_tiny_draft")}
+"""GGUF backend -> (target fixture, draft fixture) on the tiny models."""
 
 
 @pytest.fixture(scope="session")
-def tiny_draft(tiny_draft_path):
-    """Backend on the tiny draft: n_ctx 512, n_seq_max 4."""
-    with tiny_backend(tiny_draft_path, name="tiny-draft") as backend:
-        yield backend
+def tiny_target(request, gguf_backend):
+    """Backend on the tiny target (each GGUF backend in turn): n_ctx 512, n_seq_max 4."""
+    return request.getfixturevalue(GGUF_FIXTURES[gguf_backend][0])
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(request, gguf_backend):
+    """Backend on the tiny draft (the target's GGUF backend): n_ctx 512, n_seq_max 4."""
+    return request.getfixturevalue(GGUF_FIXTURES[gguf_backend][1])
 
 
 @pytest.fixture(scope="session")
@@ -100,14 +141,14 @@ def hf_prepacked_pair(hf_tiny_target, hf_tiny_draft):
                            name=f"{b.name}-prepacked", prepack=True) for b in (hf_tiny_target, hf_tiny_draft))
 
 
-TINY_PAIRS = {"llama.cpp": ("tiny_target", "tiny_draft"), "hf": ("hf_tiny_target", "hf_tiny_draft")}
+TINY_PAIRS = {**GGUF_FIXTURES, "hf": ("hf_tiny_target", "hf_tiny_draft")}
 """Backend name -> (target fixture, draft fixture) of the tiny model pairs."""
 
 
-@pytest.fixture(params=sorted(TINY_PAIRS))
+@pytest.fixture(params=[*GGUF_BACKENDS, "hf"])
 def tiny_pair(request):
-    """``(target, draft)`` tiny backends, once per backend (``llama.cpp``, ``hf``): use it to run a test
-    on every backend."""
+    """``(target, draft)`` tiny backends, once per backend (``llama.cpp``, ``ik_llama.cpp``, ``hf``): use
+    it to run a test on every backend."""
     target, draft = TINY_PAIRS[request.param]
     return request.getfixturevalue(target), request.getfixturevalue(draft)
 
@@ -115,7 +156,7 @@ def tiny_pair(request):
 @pytest.fixture(autouse=True)
 def _free_leaked_sequences(request):
     yield
-    for name in ("tiny_target", "tiny_draft", "hf_tiny_target", "hf_tiny_draft"):
+    for name in {n for pair in TINY_PAIRS.values() for n in pair}:
         if name in request.fixturenames:
             backend = request.getfixturevalue(name)
             for seq_id in backend.sequences:

@@ -31,14 +31,15 @@ LONG = "x" * 20
 token (most random-weight continuations hit one within ~100 tokens)."""
 
 
-def tiny_engine(target_path, draft_path, n_seq_max: int = 8, n_ctx: int = 512) -> Engine:
-    """An engine on the tiny models with exact numerics and ``n_seq_max`` sequences per backend.
+def tiny_engine(target_path, draft_path, n_seq_max: int = 8, n_ctx: int = 512, backend: str = "llama.cpp") -> Engine:
+    """An engine on the tiny models with exact numerics and ``n_seq_max`` sequences per backend, on the
+    GGUF backend ``backend``.
 
     One thread each: the tiny models need no more, and llama.cpp's thread barriers are slow when the
     machine's cores are busy with other work."""
     kw = {"n_seq_max": n_seq_max, "n_ctx": n_ctx, "n_threads": 1}
-    target = tiny_backend(target_path, name="tiny-target", **kw)
-    draft = tiny_backend(draft_path, name="tiny-draft", **kw)
+    target = tiny_backend(target_path, backend, name="tiny-target", **kw)
+    draft = tiny_backend(draft_path, backend, name="tiny-draft", **kw)
     return Engine(target, draft, SpecConfig(method="draft", num_speculative_tokens=4))
 
 

@@ -12,7 +12,7 @@ tokens 2 and 3 are the first two of the first speculative block: token 3 is wher
 The exact distribution comes from tests/reference_sampling.py, an independent naive implementation of
 the rules, on the target's logits for each prefix. Models: tests/fake_lm.py's table LM (context-
 dependent, 40 tokens; its draft is the same tables plus noise) for the full matrix, and for a few cells
-the tiny GGUF models through llama.cpp and tiny random-weight transformers models through the
+the tiny GGUF models through llama.cpp and through ik_llama.cpp, and tiny random-weight transformers models through the
 transformers backend.
 
 Significance: family-wise alpha 0.01 over all lossless tests, Bonferroni-corrected (ALPHA per test).
@@ -28,7 +28,7 @@ import zlib
 
 import numpy as np
 import pytest
-from conftest import tiny_backend
+from conftest import IK, tiny_backend
 from fake_lm import TableLM
 from reference_sampling import reference_probs
 from tiny_gguf import write_tiny_qwen2_gguf
@@ -73,7 +73,8 @@ GGUF_CELLS = [("combined_all", 3, "draft", "token"), ("combined_all", 5, "draft"
               ("combined_all", 4, "draft", "gumbel"), ("top_p", 3, "ngram", "gumbel"),
               ("top_p", 4, "suffix", "gumbel"), ("combined_all", 4, "suffix-tree", "block")]
 HF_CELLS = GGUF_CELLS + [("temperature", 1, "draft", "token"), ("top_p", 3, "ngram", "block")]
-ALPHA = FWER / (len(MATRIX) + len(GGUF_CELLS) + len(HF_CELLS))
+GGUF_LIBS = {"gguf": "llama.cpp", "ik": "ik_llama.cpp"}  # the cells' backend key -> GGUF backend
+ALPHA = FWER / (len(MATRIX) + len(GGUF_LIBS) * len(GGUF_CELLS) + len(HF_CELLS))
 
 
 def cell_seed(*key) -> int:
@@ -145,11 +146,27 @@ def backend_pair(target, draft):
 
 
 @pytest.fixture(scope="module")
-def gguf_pair(tiny_model_dir):
-    tpath = write_tiny_qwen2_gguf(tiny_model_dir / "lossless-target.gguf", seed=0)
-    dpath = write_tiny_qwen2_gguf(tiny_model_dir / "lossless-draft.gguf", seed=0, perturb=0.1)
-    with tiny_backend(tpath, n_ctx=128) as target, tiny_backend(dpath, n_ctx=128) as draft:
+def lossless_gguf_paths(tiny_model_dir):
+    return (write_tiny_qwen2_gguf(tiny_model_dir / "lossless-target.gguf", seed=0),
+            write_tiny_qwen2_gguf(tiny_model_dir / "lossless-draft.gguf", seed=0, perturb=0.1))
+
+
+def gguf_backend_pair(paths, backend):
+    tpath, dpath = paths
+    with tiny_backend(tpath, backend, n_ctx=128) as target, tiny_backend(dpath, backend, n_ctx=128) as draft:
         yield backend_pair(target, draft)
+
+
+@pytest.fixture(scope="module")
+def gguf_pair(lossless_gguf_paths):
+    yield from gguf_backend_pair(lossless_gguf_paths, "llama.cpp")
+
+
+@pytest.fixture(scope="module")
+def ik_pair(lossless_gguf_paths):
+    if not IK:
+        pytest.skip("ik-llama-cpp-python==0.1.5 is not installed")
+    yield from gguf_backend_pair(lossless_gguf_paths, "ik_llama.cpp")
 
 
 @pytest.fixture(scope="module")
@@ -162,11 +179,11 @@ def hf_pair(hf_prepacked_pair):
 GGUF_N = 300
 
 
-@pytest.mark.parametrize("backend, name, k, method, verify", [("gguf", *c) for c in GGUF_CELLS]
+@pytest.mark.parametrize("backend, name, k, method, verify", [(b, *c) for b in GGUF_LIBS for c in GGUF_CELLS]
                          + [("hf", *c) for c in HF_CELLS])
 def test_lossless_tiny_backends(request, backend, name, k, method, verify):
-    """The same test through llama.cpp (tiny random-weight GGUF models) and through the transformers
-    backend (tiny random-weight transformers Qwen2 models); 283 tokens either way."""
+    """The same test through llama.cpp and ik_llama.cpp (tiny random-weight GGUF models) and through the
+    transformers backend (tiny random-weight transformers Qwen2 models); 283 tokens either way."""
     engine, prompt, logits_after = request.getfixturevalue(f"{backend}_pair")
     eog = sorted(engine.target.eog_ids)
     bias = {eog[0] if t == EOG else t: b for t, b in SETTINGS[name].logit_bias.items()}

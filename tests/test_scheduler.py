@@ -14,8 +14,8 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=32)
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_target_path, tiny_draft_path):
-    return tiny_engine(tiny_target_path, tiny_draft_path)
+def engine(tiny_target_path, tiny_draft_path, gguf_backend):
+    return tiny_engine(tiny_target_path, tiny_draft_path, backend=gguf_backend)
 
 
 @pytest.fixture
@@ -195,10 +195,10 @@ def test_metrics_count_what_was_delivered(engine):
     assert get("specdec_num_requests_running") == 0
 
 
-def test_auto_learns_call_costs_under_batching(tiny_target_path, tiny_draft_path):
+def test_auto_learns_call_costs_under_batching(tiny_target_path, tiny_draft_path, gguf_backend):
     """Every batched call feeds the cost model, keyed by its total tokens (auto learned only from lone
     requests before), and /metrics exports what it learned."""
-    engine = tiny_engine(tiny_target_path, tiny_draft_path)
+    engine = tiny_engine(tiny_target_path, tiny_draft_path, backend=gguf_backend)
     batched = []
     observe = engine.cost.observe_step
 

@@ -95,7 +95,12 @@ def _layout_canary(lib: SimpleNamespace) -> list[str]:
 
 @functools.cache
 def ik_library() -> SimpleNamespace:
-    """The ik_llama.cpp functions this backend calls, loaded once per process.
+    """The ik_llama.cpp functions this backend calls, loaded once per process (see :func:`load_library`)."""
+    return load_library()
+
+
+def load_library() -> SimpleNamespace:
+    """Load and check ik_llama.cpp's library (the package's, or ``$SPECDEC_IK_LIB``).
 
     Returns:
         A namespace of ctypes functions (attribute = C name) plus ``path`` (the loaded library file),
@@ -122,8 +127,9 @@ def ik_library() -> SimpleNamespace:
         os.environ["IK_LLAMA_CPP_LIB_PATH"] = str(Path(wanted).resolve())
     try:
         from ik_llama_cpp import _ctypes_api as C
-    except (OSError, FileNotFoundError) as e:
-        raise BackendError(f"ik-llama-cpp-python could not load its library ({e})") from None
+    except (OSError, AttributeError) as e:  # AttributeError: the package binds a function the library lacks
+        where = f"{LIB_ENV}={wanted}" if wanted else f"ik-llama-cpp-python {IK_VERSION}"
+        raise BackendError(f"{where}: not a usable ik_llama.cpp library ({e})") from None
     raw = C._lib
     if wanted and Path(raw._name).resolve() != Path(wanted).resolve():
         raise BackendError(f"{LIB_ENV}={wanted} was set after ik_llama_cpp loaded {raw._name}; set it before "
@@ -172,11 +178,16 @@ class IkLlamaCppBackend(GGUFBackend):
         n_threads: CPU threads; default: the number of physical cores.
         n_batch: Most tokens per ``llama_decode`` call; larger evaluations are split.
         name: Human-readable name; default: the file name without ``.gguf``.
-        flash_attn: Flash attention (ik's CPU kernels; default on). Keyword-only options are for tests.
-            The KV cache is F16 either way: ik_llama.cpp aborts the process on an F32 cache with flash
-            attention and refuses an F32 V cache without it.
+        flash_attn: ik's flash-attention CPU kernels (default off). The wheel's AVX2 build aborts the whole
+            process in them (``GGML_ASSERT(S > 0)``, iqk_fa_templates.h) on long prompts (a 3000-token
+            prefill of the 0.5B draft here); the package itself turns them off on CPUs without AVX-VNNI.
+            The KV cache is F16 either way (ik_llama.cpp aborts on an F32 cache with flash attention
+            and refuses an F32 V cache without it). Keyword-only options are for tests and benchmarks.
         repack: Repack quantized weights at load for ik's batched kernels (default on; needs the
             weights copied into memory instead of memory-mapped).
+        n_cells: KV cells of the cache shared by all sequences (default ``n_ctx * n_seq_max``; at least
+            ``n_ctx``): a server keeps more sequences (parked prefixes, alternative candidates) than
+            full-length ones.
 
     Raises:
         FileNotFoundError: when ``path`` does not exist.
@@ -186,7 +197,8 @@ class IkLlamaCppBackend(GGUFBackend):
     """
 
     def __init__(self, path: str | Path, n_ctx: int = 4096, n_seq_max: int = 8, n_threads: int | None = None,
-                 n_batch: int = 512, name: str | None = None, *, flash_attn: bool = True, repack: bool = True):
+                 n_batch: int = 512, name: str | None = None, *, flash_attn: bool = False, repack: bool = True,
+                 n_cells: int | None = None):
         self._model = self._ctx = None
         path = check_gguf(path)
         if n_ctx < 1 or n_batch < 1 or n_seq_max < 1:
@@ -210,10 +222,11 @@ class IkLlamaCppBackend(GGUFBackend):
         self._vocab = lib.llama_model_get_vocab(self._model)
         self.recurrent = bool(lib.llama_model_is_recurrent(self._model))
 
-        # ik_llama.cpp's n_ctx is the whole KV cache, shared by all sequences: n_ctx * n_seq_max cells;
-        # SequenceBook enforces n_ctx per sequence.
+        # ik_llama.cpp's n_ctx is the whole KV cache, shared by all sequences: n_ctx * n_seq_max cells
+        # unless told otherwise; SequenceBook enforces n_ctx per sequence.
+        n_cells = max(n_cells, n_ctx) if n_cells else n_ctx * n_seq_max
         cparams = lib.llama_context_default_params()
-        cparams.n_ctx = n_ctx * n_seq_max
+        cparams.n_ctx = n_cells
         cparams.n_seq_max = n_seq_max
         cparams.n_batch = cparams.n_ubatch = n_batch  # one llama_decode = one micro-batch (see _lib_decode)
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
@@ -221,15 +234,19 @@ class IkLlamaCppBackend(GGUFBackend):
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             self.close()
-            raise BackendError(f"ik_llama.cpp could not create a context of {n_ctx} x {n_seq_max} tokens")
-        assert lib.llama_n_ctx(self._ctx) >= n_ctx * n_seq_max, (lib.llama_n_ctx(self._ctx), n_ctx * n_seq_max)
+            raise BackendError(f"ik_llama.cpp could not create a context of {n_cells} KV cells")
+        assert lib.llama_n_ctx(self._ctx) >= n_cells, (lib.llama_n_ctx(self._ctx), n_cells)
         self._batch = lib.llama_batch_init(n_batch, 0, 1)
         self._batch_live = True
+        self._holes = False  # cells freed below used ones since the last compaction (see _lib_decode)
         self._init_gguf(lib.llama_vocab_n_tokens(self._vocab))
 
     # -- the library's own sequence calls (bookkeeping: SequenceBook) ---------------------------
 
     def _drop(self, seq_id: int, n_tokens: int) -> bool:
+        if any(n for s, n in self._lengths.items() if s != seq_id):
+            # Cells freed while another sequence holds cells may leave a hole, see _lib_decode.
+            self._holes = True
         return bool(self._lib.llama_kv_cache_seq_rm(self._ctx, seq_id, n_tokens, -1))
 
     def _copy(self, src: int, dst: int, n_tokens: int) -> bool:
@@ -243,15 +260,19 @@ class IkLlamaCppBackend(GGUFBackend):
     # -- the library's calls behind GGUFBackend's loops -------------------------------------------
 
     def _lib_decode(self) -> int:
-        rc = self._lib.llama_decode(self._ctx, self._batch)
-        if rc == 1:
-            # 1 = no run of free cells long enough for the micro-batch: ik_llama.cpp places a micro-batch
-            # in contiguous cells, and truncated drafts leave holes. Nothing was written (one call is one
-            # micro-batch, n_ubatch = n_batch): compact the cache and try once more.
+        if self._holes:
+            # ik_llama.cpp (0.1.5) attends over cells 0..n_kv-1 only, and finds n_kv by probing the last
+            # cell of each 32-cell block (256 with flash attention) from the top: a free cell there
+            # hides every used cell below it up to the next used probe, and those tokens silently drop
+            # out of attention (seen here: wrong logits once a few sequences had been truncated).
+            # Compacting the cache (no holes: cells 0..used-1 in use) keeps n_kv right.
             self._lib.llama_kv_cache_defrag(self._ctx)
             self._lib.llama_kv_cache_update(self._ctx)
-            rc = self._lib.llama_decode(self._ctx, self._batch)
-        return rc
+            self._holes = False
+        # Compact, the cache's free cells are one run, so a micro-batch (placed in contiguous cells) finds
+        # room whenever enough cells are free; when they are not, ik_llama.cpp returns 1 (CacheFullError,
+        # and SequenceBook.eval frees parked prefixes and tries again).
+        return self._lib.llama_decode(self._ctx, self._batch)
 
     def _lib_logits(self, row: int):
         return self._lib.llama_get_logits_ith(self._ctx, row)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec.api import BACKENDS
+from specdec.api import BACKEND_ALIASES, BACKENDS
 from specdec.params import SamplingParams, SpecConfig, default_k, method_names, verifier_names
 
 
@@ -20,14 +20,20 @@ class OneLineErrorParser(argparse.ArgumentParser):
         self.exit(2, f"specdec: error: {message} (see --help)\n")
 
 
+def backend_choices() -> list[str]:
+    """``--backend``'s choices: :data:`specdec.api.BACKENDS` and their short names."""
+    return [*BACKENDS, *BACKEND_ALIASES]
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target model: a known name (see `specdec models`) or a GGUF path")
     p.add_argument("--draft", help="draft model: a known name or a GGUF path (same vocabulary as the target)")
     p.add_argument("--n-ctx", type=int, default=4096, help="context window in tokens (default 4096)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
-    p.add_argument("--backend", choices=BACKENDS, default="llama.cpp",
-                   help="inference library: llama.cpp (GGUF) or hf (transformers/PyTorch; HF folders, hub names, "
-                        "GGUF dequantized once) (default llama.cpp)")
+    p.add_argument("--backend", choices=backend_choices(), default=None,
+                   help="inference library: llama.cpp (GGUF, llama-cpp-python), ik_llama.cpp or ik (GGUF, faster CPU "
+                        "kernels) or hf (transformers/PyTorch; HF folders, hub names, GGUF dequantized once) "
+                        "(default: ik_llama.cpp where ik-llama-cpp-python is installed, else llama.cpp)")
     p.add_argument("--device", default=None, help="hf backend: cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="hf backend: weight dtype (default float32)")

@@ -79,7 +79,7 @@ def test_generate_takes_the_new_sampling_options(capsys, models):
 
 
 @pytest.mark.parametrize("method", ["draft", "ngram", "suffix", "auto"])
-def test_prompt_cache_reuse_gives_the_same_samples(models, method):
+def test_prompt_cache_reuse_gives_the_same_samples(models, method, gguf_backend):
     """sample_prefixes keeps the prompt's KV cache between samples: same seeded samples as fresh
     requests, and no sequence left behind."""
     from conftest import tiny_backend
@@ -89,7 +89,8 @@ def test_prompt_cache_reuse_gives_the_same_samples(models, method):
     from specdec.params import SamplingParams, SpecConfig
 
     args = models[0]
-    with tiny_backend(args[1], n_ctx=128) as target, tiny_backend(args[3], n_ctx=128) as draft:
+    with tiny_backend(args[1], gguf_backend, n_ctx=128) as target, \
+            tiny_backend(args[3], gguf_backend, n_ctx=128) as draft:
         eng = Engine(target, draft, SpecConfig(method="draft"))
         ids = eng.encode_prompt("The quick brown fox jumps over the lazy dog")
         params = SamplingParams(temperature=1.0, presence_penalty=-1.0, min_tokens=1, seed=4)

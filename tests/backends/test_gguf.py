@@ -1,4 +1,5 @@
-"""LlamaCppBackend on tiny random-weight GGUF models: tokenizer, batched evaluation, rollback, errors."""
+"""The GGUF backends (llama.cpp, ik_llama.cpp: each test runs on both, see conftest.GGUF_BACKENDS) on tiny
+random-weight GGUF models: tokenizer, batched evaluation, rollback, errors."""
 
 import numpy as np
 import pytest
@@ -8,7 +9,6 @@ from tiny_gguf import write_tiny_qwen2_gguf
 from specdec.backends.base import Backend, BackendError
 from specdec.backends.cache import SequenceCache
 from specdec.backends.cpu import physical_cores
-from specdec.backends.llama_cpp import LlamaCppBackend
 
 ATOL = 1e-3
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "héllo wörld ✓ 日本", "  tabs\tand\nnewlines  ", ""]
@@ -115,10 +115,10 @@ def test_sequences_in_one_batch_equal_each_alone(tiny_target):
     tiny_target.free_sequence(b)
 
 
-def test_split_over_n_batch_equals_one_decode(tiny_target_path, tiny_target, seq):
+def test_split_over_n_batch_equals_one_decode(tiny_target_path, gguf_backend, tiny_target, seq):
     toks = tokens(70)
     ref = tiny_target.eval({seq: (toks, 70)})[seq]
-    with tiny_backend(tiny_target_path, n_batch=16) as small:
+    with tiny_backend(tiny_target_path, gguf_backend, n_batch=16) as small:
         a, b = small.new_sequence(), small.new_sequence()
         out = small.eval({a: (toks, 70), b: (toks[:30], 2)})
     np.testing.assert_allclose(out[a], ref, atol=ATOL)
@@ -148,24 +148,22 @@ def test_eval_beyond_n_ctx_raises_and_changes_nothing(tiny_target, seq):
     tiny_target.free_sequence(other)
 
 
-def test_failed_decode_rolls_back_every_sequence(tiny_target_path, monkeypatch):
-    import specdec.backends.llama_cpp as mod
+def test_failed_decode_rolls_back_every_sequence(tiny_target_path, gguf_backend, monkeypatch):
+    with tiny_backend(tiny_target_path, gguf_backend, n_batch=8) as b:
+        real_decode, calls = b._lib_decode, []
 
-    real_decode, calls = mod.lc.llama_decode, []
+        def flaky_decode():  # the second chunk fails after the first went into the cache
+            calls.append(b._batch.n_tokens)
+            return 2 if len(calls) == 2 else real_decode()
 
-    def flaky_decode(ctx, batch):  # the second chunk fails after the first went into the cache
-        calls.append(batch.n_tokens)
-        return 2 if len(calls) == 2 else real_decode(ctx, batch)
-
-    with tiny_backend(tiny_target_path, n_batch=8) as b:
         a, c = b.new_sequence(), b.new_sequence()
         b.eval({a: (tokens(5), 1)})
         ref = b.eval({a: (tokens(6, seed=1), 1)})[a]
         b.truncate(a, 5)
-        monkeypatch.setattr(mod.lc, "llama_decode", flaky_decode)
+        monkeypatch.setattr(b, "_lib_decode", flaky_decode)
         with pytest.raises(BackendError, match="llama_decode failed with code 2"):
             b.eval({a: (tokens(6, seed=1), 1), c: (tokens(6, seed=2), 1)})
-        monkeypatch.setattr(mod.lc, "llama_decode", real_decode)
+        monkeypatch.setattr(b, "_lib_decode", real_decode)
         assert (b.length(a), b.length(c)) == (5, 0) and calls == [8, 4]
         np.testing.assert_allclose(b.eval({a: (tokens(6, seed=1), 1)})[a], ref, atol=ATOL)
         b.eval({c: (tokens(6, seed=2), 1)})  # stale cells of c would break its positions
@@ -194,23 +192,23 @@ def test_sequence_pool(tiny_target):
         tiny_target.free_sequence(s)
 
 
-def test_missing_file():
+def test_missing_file(gguf_backend):
     with pytest.raises(FileNotFoundError, match="not found"):
-        LlamaCppBackend("/nonexistent/model.gguf")
+        tiny_backend("/nonexistent/model.gguf", gguf_backend)
 
 
-def test_not_a_gguf_file(tmp_path):
+def test_not_a_gguf_file(tmp_path, gguf_backend):
     path = tmp_path / "model.gguf"
     path.write_bytes(b"<html>404</html>")
     with pytest.raises(ValueError, match="not a GGUF"):
-        LlamaCppBackend(path)
+        tiny_backend(path, gguf_backend)
 
 
-def test_corrupt_gguf_raises_backend_error(tmp_path, tiny_target_path):
+def test_corrupt_gguf_raises_backend_error(tmp_path, tiny_target_path, gguf_backend):
     path = tmp_path / "cut.gguf"
     path.write_bytes(tiny_target_path.read_bytes()[:5000])
     with pytest.raises(BackendError, match="could not load"):
-        LlamaCppBackend(path)
+        tiny_backend(path, gguf_backend)
 
 
 def test_chat_template(tiny_target):
@@ -219,17 +217,17 @@ def test_chat_template(tiny_target):
     assert "<|im_start|>assistant" in text
 
 
-def test_no_chat_template(tmp_path):
-    with tiny_backend(write_tiny_qwen2_gguf(tmp_path / "raw.gguf", chat_template=False)) as b:
+def test_no_chat_template(tmp_path, gguf_backend):
+    with tiny_backend(write_tiny_qwen2_gguf(tmp_path / "raw.gguf", chat_template=False), gguf_backend) as b:
         with pytest.raises(ValueError, match="no chat template; pass chat=False"):
             b.apply_chat_template([{"role": "user", "content": "hi"}])
 
 
-def test_vocab_fingerprint(tiny_target, tiny_draft, tmp_path):
+def test_vocab_fingerprint(tiny_target, tiny_draft, tmp_path, gguf_backend):
     n, digest = tiny_target.vocab_fingerprint()
     assert n == tiny_target.n_vocab and len(digest) == 64
     assert tiny_draft.vocab_fingerprint() == (n, digest)
-    with tiny_backend(write_tiny_qwen2_gguf(tmp_path / "more.gguf", extra_vocab=2)) as other:
+    with tiny_backend(write_tiny_qwen2_gguf(tmp_path / "more.gguf", extra_vocab=2), gguf_backend) as other:
         n2, digest2 = other.vocab_fingerprint()
     assert n2 == n + 2 and digest2 != digest
 
@@ -247,8 +245,8 @@ def test_sequence_cache_after_rejection_equals_fresh(tiny_target):
     fresh.free()
 
 
-def test_close_is_idempotent(tiny_target_path):
-    b = tiny_backend(tiny_target_path)
+def test_close_is_idempotent(tiny_target_path, gguf_backend):
+    b = tiny_backend(tiny_target_path, gguf_backend)
     seq = b.new_sequence()
     b.eval({seq: ([1, 2, 3], 1)})
     b.close()
@@ -258,3 +256,36 @@ def test_close_is_idempotent(tiny_target_path):
         b.new_sequence()
     with pytest.raises(BackendError, match="closed"):
         b.eval({seq: ([4], 1)})
+    with pytest.raises(BackendError, match="closed"):
+        b.tokenize("abc")
+
+
+def test_freed_cells_below_used_ones_do_not_hide_them(tiny_target):
+    """Truncating one sequence frees cells below another's newer ones (ik_llama.cpp found the last used
+    cell by probing every 32nd cell and dropped the cells above a free probe from attention)."""
+    a, b = tiny_target.new_sequence(), tiny_target.new_sequence()
+    pa, pb = tokens(21, seed=1), tokens(40, seed=2)
+    tiny_target.eval({a: (pa[:16], 1)})
+    tiny_target.eval({b: (pb, 1)})
+    tiny_target.eval({a: (pa[16:20], 1)})  # above b's cells
+    tiny_target.truncate(b, 10)  # frees b's cells across the 32-cell mark
+    got = tiny_target.eval({a: (pa[20:], 1)})[a]
+    tiny_target.free_sequence(b)
+    tiny_target.truncate(a, 0)
+    np.testing.assert_allclose(got, tiny_target.eval({a: (pa, 1)})[a], atol=ATOL)
+    tiny_target.free_sequence(a)
+
+
+def test_fragmented_cache_takes_a_long_batch(tiny_target_path, gguf_backend):
+    """Sequences truncated in turn leave short runs of free cells; a batch longer than any run still
+    decodes (ik_llama.cpp needs contiguous cells for a micro-batch and compacts the cache first)."""
+    with tiny_backend(tiny_target_path, gguf_backend, n_ctx=64, n_seq_max=2) as b:
+        s, t = b.new_sequence(), b.new_sequence()
+        for i in range(6):  # interleaved runs of 10 cells, then every other run freed
+            b.eval({s: (tokens(10, seed=i), 1)})
+            b.eval({t: (tokens(10, seed=10 + i), 1)})
+        b.truncate(t, 0)
+        ref = b.eval({t: (tokens(60, seed=99), 1)})[t]  # 60 tokens; free runs of 10 and a tail of 8
+        b.truncate(s, 0)
+        b.truncate(t, 0)
+        np.testing.assert_allclose(b.eval({t: (tokens(60, seed=99), 1)})[t], ref, atol=ATOL)
