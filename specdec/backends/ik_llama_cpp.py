@@ -261,11 +261,12 @@ class IkLlamaCppBackend(GGUFBackend):
 
     def _lib_decode(self) -> int:
         if self._holes:
-            # ik_llama.cpp (0.1.5) attends over cells 0..n_kv-1 only, and finds n_kv by probing the last
-            # cell of each 32-cell block (256 with flash attention) from the top: a free cell there
-            # hides every used cell below it up to the next used probe, and those tokens silently drop
-            # out of attention (seen here: wrong logits once a few sequences had been truncated).
-            # Compacting the cache (no holes: cells 0..used-1 in use) keeps n_kv right.
+            # ik_llama.cpp (0.1.5) attends over cells 0..n_kv-1 only and finds n_kv by probing the last
+            # cell of each 32-cell block (256 with flash attention) from the top down: when the last
+            # cell of the topmost block in use is free, that block's used cells drop out of attention
+            # and the logits are silently wrong (seen here once a few sequences had been truncated;
+            # tests/backends/test_gguf.py has the case). A compacted cache (cells 0..used-1 in use,
+            # no holes; ik's defrag moves up to ~65536/(6 n_layer) runs of cells a call) keeps n_kv right.
             self._lib.llama_kv_cache_defrag(self._ctx)
             self._lib.llama_kv_cache_update(self._ctx)
             self._holes = False
