@@ -12,6 +12,8 @@ Per category and method (sums over the category's prompts, as Spec-Bench reports
   seconds) * S(1)``: how well the model knows the machine;
 - planned (hybrid/auto): what the policy expected before each step, E(k) from its acceptance estimates
   over predicted seconds (:class:`~specdec.proposers.hybrid.PredictionLog`): how well it knew the text;
+- with several backends (``method@ik``: see :func:`specdec.bench.runner.variant`), speed-ups are over the
+  first backend's ``none``, and predicted and limit use each run's own backend's cost tables;
 - limit: the best decode speed-up the cost model finds reachable with the category's measured
   acceptance, ``max_k E(k) S(1) / (D(k) + S(k+1))`` with ``E(k) = 1 + sum_{j<k} a_j`` (a_j: measured
   acceptance by position) for the draft model and for n-gram lookup (drafts assumed always available);
@@ -27,9 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from specdec.adaptive import CostModel, TimingTable
+from specdec.bench.plots import plots, split_name
 from specdec.stats import acceptance_rate, mean_accepted_length
-
-SPECULATIVE = ("draft", "draft-pmin", "ngram", "suffix", "hybrid", "auto", "server-spec")
 
 
 def cost_snapshot(cost: CostModel, greedy: bool) -> dict:
@@ -96,12 +97,11 @@ def _predicted_adaptive(runs: list[dict], table: TimingTable, t_draft: float) ->
 def summarize(doc: dict) -> list[dict]:
     """One row per (category, method) in run order, plus ``all`` rows over every category."""
     runs = doc["runs"]
-    snap = doc["cost_model"]
-    table = TimingTable.from_snapshot(snap)
-    t_draft = _num(snap.get("draft_token_seconds"))
     cats = list(dict.fromkeys(r["category"] for r in runs)) + ["all"]
-    order = doc["config"]["methods"]
+    order = doc["config"].get("variants") or doc["config"]["methods"]
     methods = [m for m in order if any(r["method"] == m for r in runs)]
+    snaps = {m: (doc.get("cost_models") or {}).get(next(r.get("backend") for r in runs if r["method"] == m),
+                                                   doc["cost_model"]) for m in methods}
     rows = []
     for cat in cats:
         in_cat = [r for r in runs if cat == "all" or r["category"] == cat]
@@ -130,19 +130,21 @@ def summarize(doc: dict) -> list[dict]:
                        mean_accepted_length=mean_accepted_length(sum(r.get("committed", 0) for r in rs), calls),
                        acceptance_rate=acceptance_rate(sum(r.get("accepted", 0) for r in rs), proposed),
                        acceptance_by_position=acc_of[m], load1=float(np.mean([r["load1"] for r in rs])))
-            if m in ("hybrid", "auto"):
+            table, t_draft = TimingTable.from_snapshot(snaps[m]), _num(snaps[m].get("draft_token_seconds"))
+            base, suffix = split_name(m)
+            if base in ("hybrid", "auto"):
                 w = [(r.get("adaptive") or {}).get("predicted_speedup", math.nan) for r in rs]
                 ok = [(x, r["new_tokens"]) for x, r in zip(w, rs) if x is not None and not math.isnan(x)]
                 row["planned"] = sum(x * n for x, n in ok) / sum(n for _, n in ok) if ok else math.nan
                 row["predicted"] = _predicted_adaptive(rs, table, t_draft)
-            elif m in ("none", "draft", "draft-pmin", "ngram"):
-                row["predicted"] = _predicted_fixed(rs, "draft" if m.startswith("draft") else "ngram", table, t_draft)
-            lim = {"draft": _limit(acc_of.get("draft", []), table, t_draft),
-                   "ngram": _limit(acc_of.get("ngram", []), table, 0.0)}
+            elif base in ("none", "draft", "draft-pmin", "ngram"):
+                row["predicted"] = _predicted_fixed(rs, "draft" if base.startswith("draft") else "ngram", table, t_draft)
+            lim = {"draft": _limit(acc_of.get("draft" + suffix, []), table, t_draft),
+                   "ngram": _limit(acc_of.get("ngram" + suffix, []), table, 0.0)}
             lim_of = {"none": 1.0, "draft": lim["draft"], "draft-pmin": lim["draft"], "ngram": lim["ngram"],
                       "hybrid": np.nanmax([1.0, lim["draft"], lim["ngram"], _limit(acc_of[m], table, 0.0)]),
                       "auto": np.nanmax([1.0, lim["draft"], lim["ngram"], _limit(acc_of[m], table, 0.0)])}
-            row["limit"] = float(lim_of[m]) if m in lim_of else math.nan
+            row["limit"] = float(lim_of[base]) if base in lim_of else math.nan
             rows.append(row)
         base = next((r for r in rows if r["category"] == cat and r["method"] == "none"), None)
         for r in rows:
@@ -168,7 +170,8 @@ def markdown(doc: dict, rows: list[dict]) -> str:
         f"{cfg['per_category']} prompts per category, {cfg['max_tokens']} new tokens, temperature "
         f"{cfg['temperature']}, draft k={cfg['draft_k']}, ngram k={cfg['ngram_k']}, draft-pmin p_min={cfg['p_min']}; "
         f"{mach['threads']} threads on {mach['cpus']} CPUs; load average {mach['load_start'][0]:.1f} at the "
-        f"start, {mach['load_end'][0]:.1f} at the end ({mach['time']}). Methods interleaved per prompt.",
+        f"start, {mach['load_end'][0]:.1f} at the end ({mach['time']}). Methods interleaved per prompt. Backends: "
+        f"{', '.join(cfg.get('backends') or ['llama.cpp'])} (runs on the second named method@ik).",
         "",
         "## Decode-only speed-up over specdec plain decoding (end to end in parentheses)",
         "",
@@ -190,61 +193,19 @@ def markdown(doc: dict, rows: list[dict]) -> str:
             f"{_f(r['ttft'])} | {_f(r['speedup'])} | {_f(r['decode_speedup'])} | "
             f"{_f(r['mean_accepted_length'])} | {_f(r['acceptance_rate'])} | {pos} | "
             f"{_f(r.get('predicted'))} | {_f(r.get('planned'))} | {_f(r.get('limit'))} |")
-    snap = doc["cost_model"]
-    s = ", ".join(f"S({n})={1000 * v:.0f}" for n, v in list(snap["S"].items())[:20])
-    draft = _f(1000 * _num(snap.get("draft_token_seconds")), ".0f")
-    lines += ["", f"Cost model at the end (ms): {s}; draft {draft} ms/token."]
+    for name, snap in (doc.get("cost_models") or {"": doc["cost_model"]}).items():
+        s = ", ".join(f"S({n})={1000 * v:.0f}" for n, v in list(snap["S"].items())[:20])
+        draft = _f(1000 * _num(snap.get("draft_token_seconds")), ".0f")
+        lines += ["", f"Cost model{' of ' + name if name else ''} at the end (ms): {s}; draft {draft} ms/token."]
+    curves = doc.get("score_curves") or {}
+    if curves:
+        sizes = sorted({int(n) for c in curves.values() for n in c})
+        lines += ["", "## S(n): ms to score n tokens in one call (120-token context, median, measured at the start)",
+                  "", "| backend | " + " | ".join(map(str, sizes)) + " |", "|---|" + "---|" * len(sizes)]
+        lines += [f"| {b} | " + " | ".join(_f(1000 * _num(c.get(str(n))), ".0f") for n in sizes) + " |"
+                  for b, c in curves.items()]
     lines += [f"- {n}" for n in doc["notes"]]
     return "\n".join(lines) + "\n"
-
-
-def plots(rows: list[dict], out: Path) -> list[Path]:
-    """``speedup_by_category.png`` (decode-only and end-to-end speed-up per category and method) and
-    ``acceptance_by_position.png`` (acceptance rate by draft position, one panel per category)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cats = [c for c in dict.fromkeys(r["category"] for r in rows)]
-    methods = [m for m in dict.fromkeys(r["method"] for r in rows) if m != "none"]
-    get = {(r["category"], r["method"]): r for r in rows}
-    fig, axes = plt.subplots(2, 1, figsize=(max(8, 1.3 * len(cats) + 3), 8), sharex=True)
-    width = 0.8 / max(1, len(methods))
-    for ax, key, title in zip(axes, ("decode_speedup", "speedup"), ("decode only", "end to end")):
-        for j, m in enumerate(methods):
-            ys = [get[c, m][key] if (c, m) in get else math.nan for c in cats]
-            ax.bar(np.arange(len(cats)) + (j - (len(methods) - 1) / 2) * width, ys, width, label=m, color=f"C{j}")
-        ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_ylabel(f"speed-up over plain ({title})")
-    axes[1].set_xticks(np.arange(len(cats)), cats, rotation=20)
-    axes[0].legend(ncol=min(4, len(methods)), fontsize=8)
-    fig.tight_layout()
-    p1 = out / "speedup_by_category.png"
-    fig.savefig(p1, dpi=110)
-    plt.close(fig)
-
-    spec = [m for m in methods if m in SPECULATIVE and m != "server-spec"]
-    ncol = min(4, len(cats))
-    fig, axes = plt.subplots(math.ceil(len(cats) / ncol), ncol, figsize=(3.2 * ncol, 2.8 * math.ceil(len(cats) / ncol)),
-                             sharey=True, squeeze=False)
-    for ax, c in zip(axes.flat, cats):
-        for m in spec:  # the bar chart's colour of each method
-            acc = get[c, m]["acceptance_by_position"] if (c, m) in get else []
-            ax.plot(range(1, len(acc) + 1), acc, marker="o", markersize=3, label=m, color=f"C{methods.index(m)}")
-        ax.set_title(c, fontsize=9)
-        ax.set_ylim(0, 1.05)
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.set_xlabel("draft position")
-    for ax in axes.flat[len(cats):]:
-        ax.axis("off")
-    axes.flat[0].set_ylabel("acceptance rate")
-    axes.flat[0].legend(fontsize=7)
-    fig.tight_layout()
-    p2 = out / "acceptance_by_position.png"
-    fig.savefig(p2, dpi=110)
-    plt.close(fig)
-    return [p1, p2]
 
 
 def write_outputs(doc: dict, out: Path) -> None:

@@ -5,13 +5,16 @@ other processes hits all of them alike; only ratios measured within one run are 
 
 - ``none`` (plain decoding), ``draft`` / ``draft-pmin`` (draft model, fixed k; the second with early
   stop at ``p_min``), ``ngram`` (prompt lookup, at most k), ``suffix`` (suffix decoding, its default cap),
-  ``hybrid``, ``auto``: specdec, one engine;
+  ``hybrid``, ``auto``: specdec, one engine per GGUF backend in ``backends``; the first backend's runs
+  are named by the method, the others' by ``method@backend`` (``auto@ik``), see :func:`variant`;
 - ``raw``: a raw llama-cpp-python loop on the same target (:mod:`specdec.bench.raw`), the floor;
 - ``server`` / ``server-spec``: llama.cpp's ``llama-server``, plain and with ``--model-draft``
   (:mod:`specdec.bench.peer`), skipped with a note when no binary is found.
 
-A warm-up generation per method comes first (not recorded): it pays one-off costs (llama.cpp graph
-allocation, first page faults) and lets auto's cost model see the machine. This module knows the
+Each backend's score-cost curve ``S(n)`` is measured first (:func:`specdec.bench.probe.score_curve`,
+``probe_repeats`` calls per size, n = 1..17). A warm-up generation per method comes next (not
+recorded): it pays one-off costs (llama.cpp graph allocation, first page faults) and lets auto's cost
+model see the machine. This module knows the
 engine's public API and the peers; the aggregation and the outputs are in :mod:`specdec.bench.report`.
 """
 
@@ -61,8 +64,18 @@ class BenchConfig:
     warmup: bool = True
     progress: bool = True
     resume: bool = False
+    backends: tuple[str, ...] | None = None  # GGUF backends (aliases allowed); None: the default backend
+    probe_repeats: int = 5
 
     def __post_init__(self) -> None:
+        from specdec.api import GGUF_BACKENDS, backend_name
+
+        names = tuple(backend_name(b) for b in (self.backends or (None,)))
+        if not names or len(set(names)) != len(names) or any(b not in GGUF_BACKENDS for b in names):
+            raise ValueError(f"backends must be distinct GGUF backends ({', '.join(GGUF_BACKENDS)}), got {self.backends}")
+        object.__setattr__(self, "backends", names)  # resolved once: the run and its JSON name the same ones
+        if self.probe_repeats < 0:
+            raise ValueError(f"--probe-repeats must be >= 0, got {self.probe_repeats}")
         bad = [m for m in self.methods if m not in METHODS]
         if bad or not self.methods:
             raise ValueError(f"unknown methods {bad}; choose from {', '.join(METHODS)}")
@@ -76,6 +89,12 @@ class BenchConfig:
         SpecConfig(method="draft", num_speculative_tokens=self.draft_k, draft_p_min=self.p_min)
         SpecConfig(method="ngram", num_speculative_tokens=self.ngram_k)
 
+    def variants(self) -> list[str]:
+        """The run names: every specdec method on every backend (:func:`variant`), then the peers."""
+        spec = [m for m in self.methods if m in SPECDEC_METHODS]
+        return [variant(m, b, self.backends) for b in self.backends for m in spec] + [
+            m for m in self.methods if m in PEER_METHODS]
+
     def spec(self, method: str) -> SpecConfig:
         """The engine settings of a specdec method."""
         return {
@@ -87,6 +106,24 @@ class BenchConfig:
             "hybrid": SpecConfig(method="hybrid"),
             "auto": SpecConfig(method="auto"),
         }[method]
+
+
+def variant(method: str, backend: str, backends: tuple[str, ...]) -> str:
+    """A specdec method's run name: ``method`` on the first backend, ``method@short`` on the others
+    (``short``: the backend's alias, ``ik`` for ik_llama.cpp)."""
+    from specdec.api import BACKEND_ALIASES
+
+    if backend == backends[0]:
+        return method
+    return f"{method}@{next((a for a, b in BACKEND_ALIASES.items() if b == backend), backend)}"
+
+
+def split_variant(name: str, backends: tuple[str, ...]) -> tuple[str, str | None]:
+    """``(method, backend)`` of a run name; the backend is None for the peers."""
+    if name in PEER_METHODS:
+        return name, None
+    method = name.partition("@")[0]
+    return method, next(b for b in backends if variant(method, b, backends) == name)
 
 
 def _fit_prompt(engine, text: str, room: int) -> list[int]:
@@ -113,17 +150,20 @@ class _Runner:
         self.cfg = cfg
         self.target_path = resolve_model(cfg.target or DEFAULT_TARGET, progress=cfg.progress)
         self.draft_path = resolve_model(cfg.draft or DEFAULT_DRAFT, progress=cfg.progress)
-        self.engine = load_engine(str(self.target_path), str(self.draft_path), SpecConfig(method="auto"),
-                                  n_ctx=cfg.n_ctx, n_seq_max=1, n_threads=cfg.threads, progress=cfg.progress)
+        self.engines = {b: load_engine(str(self.target_path), str(self.draft_path), SpecConfig(method="auto"),
+                                       n_ctx=cfg.n_ctx, n_seq_max=1, n_threads=cfg.threads, progress=cfg.progress,
+                                       backend=b) for b in cfg.backends}
+        self.engine = self.engines[cfg.backends[0]]
         self.threads = self.engine.target.n_threads
         self.raw = self.servers = None
-        self.methods = list(cfg.methods)
+        self.methods = cfg.variants()
         if "raw" in self.methods:
             from specdec.bench.raw import RawLlamaLoop
 
-            # the engine's own loaded model: a second load of the file can sit ~5% faster or slower
+            # the llama.cpp engine's own loaded model: a second load of the file can sit ~5% faster or slower
+            shared = self.engines.get("llama.cpp")
             self.raw = RawLlamaLoop(self.target_path, n_ctx=cfg.n_ctx, n_threads=self.threads,
-                                    model=getattr(self.engine.target, "_model", None))
+                                    model=None if shared is None else shared.target._model)
         peers = [m for m in self.methods if m.startswith("server")]
         if peers:
             from specdec.bench.peer import LlamaServer, find_llama_server
@@ -154,7 +194,8 @@ class _Runner:
             return dict(token_ids=r.token_ids, new_tokens=r.new_tokens, prefill_seconds=r.prefill_seconds,
                         decode_seconds=r.decode_seconds, proposed=r.proposed, accepted=r.accepted)
         params = SamplingParams(temperature=cfg.temperature, max_tokens=max_tokens, seed=seed)
-        res = self.engine.generate(ids, params, cfg.spec(method))
+        base, backend = split_variant(method, cfg.backends)
+        res = self.engines[backend].generate(ids, params, cfg.spec(base))
         s = res.stats
         return dict(token_ids=res.token_ids, new_tokens=s.new_tokens, prefill_seconds=s.prefill_seconds,
                     decode_seconds=s.decode_seconds, target_calls=s.target_calls, proposed=s.proposed,
@@ -166,6 +207,14 @@ class _Runner:
             srv.close()
         if self.raw is not None:
             self.raw.close()
+
+    def score_curves(self) -> dict[str, dict[int, float]]:
+        """Each backend's ``S(n)`` (seconds), n = 1..17, measured now on its engine's target."""
+        from specdec.bench.probe import score_curve
+
+        if not self.cfg.probe_repeats:
+            return {}
+        return {b: score_curve(e.target, repeats=self.cfg.probe_repeats) for b, e in self.engines.items()}
 
 
 def run_bench(cfg: BenchConfig) -> dict:
@@ -197,6 +246,7 @@ def run_bench(cfg: BenchConfig) -> dict:
         log_path.write_text("")
     done = {(r["category"], r["prompt_id"]) for r in runs}
     try:
+        curves = runner.score_curves()
         methods = runner.methods
         room = cfg.max_tokens + max(cfg.draft_k, cfg.ngram_k, 16) + 2
         encoded = [_fit_prompt(runner.engine, p.text, room) for p in prompts]
@@ -217,8 +267,8 @@ def run_bench(cfg: BenchConfig) -> dict:
             for m in order:
                 bar.set_postfix_str(f"{p.category} {p.id} {m}")
                 rec = runner.run(m, ids, cfg.max_tokens, cfg.seed + i)
-                rec.update(category=p.category, prompt_id=p.id, method=m, prompt_tokens=len(ids),
-                           load1=os.getloadavg()[0], order=order.index(m))
+                rec.update(category=p.category, prompt_id=p.id, method=m, backend=split_variant(m, cfg.backends)[1],
+                           prompt_tokens=len(ids), load1=os.getloadavg()[0], order=order.index(m))
                 by_method[m] = rec
                 bar.update()
             plain = by_method.get("none", {}).get("token_ids")
@@ -234,13 +284,16 @@ def run_bench(cfg: BenchConfig) -> dict:
         bar.close()
     finally:
         runner.close()
+    greedy = SamplingParams(temperature=cfg.temperature).greedy
     doc = {
-        "config": dataclasses.asdict(cfg),
+        "config": {**dataclasses.asdict(cfg), "variants": cfg.variants()},
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": runner.threads,
                     "load_start": load_start, "load_end": os.getloadavg(), "time": time.strftime("%Y-%m-%d %H:%M:%S")},
         "models": {"target": str(runner.target_path), "draft": str(runner.draft_path)},
         "notes": notes,
-        "cost_model": report.cost_snapshot(runner.engine.cost, SamplingParams(temperature=cfg.temperature).greedy),
+        "cost_model": report.cost_snapshot(runner.engine.cost, greedy),
+        "cost_models": {b: report.cost_snapshot(e.cost, greedy) for b, e in runner.engines.items()},
+        "score_curves": {b: {str(n): v for n, v in c.items()} for b, c in curves.items()},
         "runs": runs,
     }
     (out / "bench.json").write_text(json.dumps(report.json_safe(doc), indent=1))  # kept if the report fails

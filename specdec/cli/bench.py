@@ -1,13 +1,14 @@
-"""``specdec bench``: every method on Spec-Bench and HumanEval prompts, beside the raw llama.cpp loop and
-llama-server; ``--backend hf`` runs the transformers peer benchmark instead."""
+"""``specdec bench``: every method on Spec-Bench and HumanEval prompts, on one or more GGUF backends
+(``--backends llama.cpp,ik_llama.cpp``), beside the raw llama.cpp loop and llama-server; ``--backend hf``
+runs the transformers peer benchmark instead."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from specdec.api import BACKENDS
 from specdec.bench.runner import METHODS
+from specdec.cli.options import backend_choices
 
 
 def add_parser(sub) -> None:
@@ -32,10 +33,17 @@ def add_parser(sub) -> None:
     b.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
     b.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation of each method")
     b.add_argument("--resume", action="store_true", help="keep the prompts already in OUT/runs.jsonl, run the rest")
-    b.add_argument("--backend", choices=BACKENDS, default="llama.cpp",
-                   help="hf: specdec's transformers backend against transformers' assisted generation and prompt "
-                        "lookup on the Spec-Bench categories (methods: HF's and specdec's none/draft/ngram "
-                        "[+ auto if in --methods]; k = --draft-k) (default llama.cpp)")
+    b.add_argument("--backends", default=None,
+                   help="comma-separated GGUF backends whose specdec methods all run, interleaved (llama.cpp, "
+                        "ik_llama.cpp or ik); runs of the second are named method@ik; speed-ups are over the "
+                        "first's none (default: --backend, else the default backend)")
+    b.add_argument("--probe-repeats", type=int, default=5,
+                   help="timed calls per size of the S(n) probe run per backend at the start, n = 1..17 (0 = none; "
+                        "default 5)")
+    b.add_argument("--backend", choices=backend_choices(), default=None,
+                   help="one GGUF backend (as --backends), or hf: specdec's transformers backend against "
+                        "transformers' assisted generation and prompt lookup on the Spec-Bench categories "
+                        "(methods: HF's and specdec's none/draft/ngram [+ auto if in --methods]; k = --draft-k)")
     b.add_argument("--device", default=None, help="hf backend: cpu, cuda or cuda:N (default cpu)")
     b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="hf backend: weight dtype (default float32)")
@@ -47,20 +55,23 @@ def run(args: argparse.Namespace) -> int:
     from specdec.bench.prompts import CATEGORIES
     from specdec.bench.runner import BenchConfig, run_bench
 
-    def split(s: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    def split(s: str | None, default: tuple[str, ...] | None) -> tuple[str, ...] | None:
         return tuple(x.strip() for x in s.split(",") if x.strip()) if s else default
 
     if args.backend == "hf":
         return _bench_hf(args, split(args.methods, ()))
     if args.device or args.dtype:
         raise ValueError("--device and --dtype apply to --backend hf")
+    if args.backend and args.backends:
+        raise ValueError("give --backend or --backends, not both")
 
     cfg = BenchConfig(
         target=args.target, draft=args.draft, data_dir=args.data, categories=split(args.categories, CATEGORIES),
         per_category=args.per_category, max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
         methods=split(args.methods, METHODS), draft_k=args.draft_k, ngram_k=args.ngram_k, p_min=args.p_min,
         n_ctx=args.n_ctx, threads=args.threads, out_dir=args.out, llama_server=args.llama_server,
-        warmup=not args.no_warmup, resume=args.resume,
+        warmup=not args.no_warmup, resume=args.resume, probe_repeats=args.probe_repeats,
+        backends=split(args.backends, (args.backend,) if args.backend else None),
     )
     doc = run_bench(cfg)
     with open(doc["outputs"]["markdown"], encoding="utf-8") as f:

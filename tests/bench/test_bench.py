@@ -10,6 +10,7 @@ import json
 import math
 
 import pytest
+from conftest import IK
 
 from specdec.bench.peer import find_llama_server
 from specdec.bench.prompts import CATEGORIES, default_data_dir, load_prompts
@@ -43,13 +44,17 @@ def data_dir(tmp_path_factory):
     return d
 
 
+BACKENDS = ("llama.cpp", "ik_llama.cpp") if IK else ("llama.cpp",)
+
+
 @pytest.fixture(scope="module")
 def smoke(tiny_target_path, tiny_draft_path, data_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench_out")
     methods = SPECDEC_METHODS + ("raw",) + (("server", "server-spec") if find_llama_server() else ())
     cfg = BenchConfig(target=str(tiny_target_path), draft=str(tiny_draft_path), data_dir=str(data_dir),
                       per_category=1, max_tokens=6, n_ctx=512, methods=methods, out_dir=str(out), progress=False,
-                      threads=1)  # one thread: a loaded CI machine stalls llama.cpp thread barriers
+                      threads=1,  # one thread: a loaded CI machine stalls llama.cpp thread barriers
+                      backends=BACKENDS, probe_repeats=1)
     return cfg, run_bench(cfg), out
 
 
@@ -61,8 +66,9 @@ def test_bench_writes_well_formed_outputs(smoke):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     loaded = json.loads((out / "bench.json").read_text())  # strict JSON: no NaN
     assert loaded["config"]["max_tokens"] == 6
-    methods = [m for m in cfg.methods if m in {r["method"] for r in loaded["runs"]}]
+    methods = [m for m in cfg.variants() if m in {r["method"] for r in loaded["runs"]}]
     assert len(loaded["runs"]) == len(CATEGORIES) * len(methods)
+    assert len(methods) >= len(SPECDEC_METHODS) * len(BACKENDS) + 1
     for r in loaded["runs"]:
         assert 1 <= r["new_tokens"] <= 6 and r["decode_seconds"] >= 0 and r["prefill_seconds"] > 0
     md = (out / "bench.md").read_text()
@@ -101,10 +107,27 @@ def test_bench_summary_is_consistent(smoke):
             assert all("steps" in x["adaptive"] for x in doc["runs"] if x["method"] == m)
 
 
+def test_bench_runs_every_backend_and_reports_its_score_curve(smoke):
+    cfg, doc, out = smoke
+    assert set(doc["score_curves"]) == set(doc["cost_models"]) == set(BACKENDS)
+    for curve in doc["score_curves"].values():
+        assert [int(n) for n in curve] == list(range(1, 18)) and all(s > 0 for s in curve.values())
+    for b, snap in doc["cost_models"].items():
+        assert snap["S"], b  # sizes the engine measured during the run
+    md = (out / "bench.md").read_text()
+    assert "## S(n)" in md and all(f"| {b} |" in md for b in BACKENDS)
+    for r in doc["runs"]:
+        assert r["backend"] == (None if r["method"] in ("raw", "server", "server-spec")
+                                else "ik_llama.cpp" if r["method"].endswith("@ik") else "llama.cpp")
+    if len(BACKENDS) > 1:
+        rows = {(r["category"], r["method"]): r for r in doc["summary"]}
+        assert rows["all", "none@ik"]["speedup"] > 0 and "auto@ik" in md
+
+
 def test_bench_greedy_methods_agree_with_plain(smoke):
     _, doc, _ = smoke
     for r in doc["runs"]:
-        if r["method"] in SPECDEC_METHODS + ("raw",):
+        if r["method"].partition("@")[0] in SPECDEC_METHODS + ("raw",):
             # tiny models use the engine's default numerics here; any divergence must be late and rare
             assert r["first_divergence"] >= 1
 
@@ -140,6 +163,9 @@ def test_real_data_files_load_when_present():
     (["bench", "--categories", "poetry"], "unknown categories"),
     (["bench", "--max-tokens", "0"], "must be >= 1"),
     (["bench", "--device", "cuda"], "apply to --backend hf"),
+    (["bench", "--backends", "llama.cpp,hf"], "distinct GGUF backends"),
+    (["bench", "--backends", "ik,ik_llama.cpp"], "distinct GGUF backends"),
+    (["bench", "--backend", "ik", "--backends", "llama.cpp"], "not both"),
 ])
 def test_bench_cli_bad_input_is_one_line(capsys, argv, msg):
     assert main(argv) == 2
