@@ -20,7 +20,7 @@ IK = ik_available()
 GGUF_BACKENDS = [
     pytest.param("llama.cpp"),
     pytest.param("ik_llama.cpp", marks=pytest.mark.skipif(
-        not IK, reason="ik-llama-cpp-python==0.1.5 is not installed (pip install -e '.[ik]')")),
+        not IK, reason="ik-llama-cpp-python==0.1.5 is not installed (Linux x86_64 only)")),
 ]
 """The GGUF backends a test runs on, as ``pytest.mark.parametrize`` values."""
 

@@ -1,8 +1,10 @@
-"""Integration on the real default pair (Qwen2.5-Coder 1.5B target, 0.5B draft; downloaded on first use).
+"""Integration on the real default pair (Qwen2.5-Coder 1.5B target, 0.5B draft; downloaded on first use),
+on each GGUF backend (llama.cpp, ik_llama.cpp).
 
 llama.cpp's batched and one-token kernels differ by up to ~0.5 in logits, so speculative and plain greedy
 outputs are compared up to the first position where the target's top-2 logit gap is below 1.0 (a
-near-tie that either path may break differently); any divergence at a confident position fails.
+near-tie that either path may break differently); any divergence at a confident position fails. The same
+rule compares ik_llama.cpp's plain greedy output with llama.cpp's.
 """
 
 import gzip
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import GGUF_BACKENDS, IK
 
 from specdec.params import SamplingParams, SpecConfig
 
@@ -33,13 +36,24 @@ def prompts():
     return out
 
 
-@pytest.fixture(scope="module")
-def engine():
-    if not (DATA / "spec_bench" / "question.jsonl").exists():
-        pytest.skip(f"benchmark data not found at {DATA}")
-    from specdec.api import load_engine
+_ENGINES = {}  # backend -> the default pair on it, kept for the session (both fit in memory)
 
-    return load_engine(spec=SpecConfig(method="draft", num_speculative_tokens=4), n_ctx=2048, progress=False)
+
+def load(backend):
+    """The default pair on ``backend``, loaded once per test session."""
+    if backend not in _ENGINES:
+        if not (DATA / "spec_bench" / "question.jsonl").exists():
+            pytest.skip(f"benchmark data not found at {DATA}")
+        from specdec.api import load_engine
+
+        _ENGINES[backend] = load_engine(spec=SpecConfig(method="draft", num_speculative_tokens=4), n_ctx=2048,
+                                        progress=False, backend=backend)
+    return _ENGINES[backend]
+
+
+@pytest.fixture(scope="module", params=GGUF_BACKENDS)
+def engine(request):
+    return load(request.param)
 
 
 def confident_prefix(engine, prompt_ids, tokens):
@@ -93,3 +107,32 @@ def test_sampling_runs_and_is_seeded(engine):
     a = engine.generate("Name three prime numbers.", params, chat=True)
     b = engine.generate("Name three prime numbers.", params, chat=True)
     assert a.token_ids == b.token_ids and a.text
+
+
+def test_ik_plain_greedy_equals_llama_cpp_up_to_near_ties():
+    """ik_llama.cpp's kernels round differently from llama.cpp's: their plain greedy outputs may part only
+    where either backend's top-2 gap is below GAP."""
+    if not IK:
+        pytest.skip("ik-llama-cpp-python is not installed")
+    engines = [load(b) for b in ("llama.cpp", "ik_llama.cpp")]
+    params = SamplingParams(temperature=0.0, max_tokens=N_TOKENS)
+    for prompt in prompts():
+        ids = engines[0].encode_prompt(prompt, chat=True)
+        assert engines[1].encode_prompt(prompt, chat=True) == ids
+        out = [e.generate(ids, params, SpecConfig(method="none")).token_ids for e in engines]
+        safe = min(confident_prefix(e, ids, out[0]) for e in engines)
+        div = first_divergence(*out)
+        print(f"{prompt[:40]!r}: equal prefix {div}/{len(out[0])}, confident prefix {safe}")
+        assert div >= min(safe, len(out[0])), (prompt[:60], div, safe)
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_ik_self_speculation_accepts_everything(k):
+    if not IK:
+        pytest.skip("ik-llama-cpp-python is not installed")
+    from specdec.engine import Engine
+
+    target = load("ik_llama.cpp").target
+    eng = Engine(target, target, SpecConfig(method="draft", num_speculative_tokens=k))
+    res = eng.generate(prompts()[1], SamplingParams(temperature=0.0, max_tokens=32), chat=True)
+    assert res.stats.proposed > 0 and res.stats.acceptance_rate >= 0.99, res.stats.acceptance_rate

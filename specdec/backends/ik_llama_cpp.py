@@ -115,7 +115,8 @@ def load_library() -> SimpleNamespace:
         version = importlib.metadata.version("ik-llama-cpp-python")
     except importlib.metadata.PackageNotFoundError:
         raise BackendError(f"the ik_llama.cpp backend needs ik-llama-cpp-python=={IK_VERSION}: "
-                           f"pip install 'specdec[ik]' (prebuilt for Linux x86_64)") from None
+                           f"pip install ik-llama-cpp-python=={IK_VERSION} (prebuilt for Linux x86_64, CPython 3.10-3.13; "
+                           "installed with specdec there)") from None
     if version != IK_VERSION:
         raise BackendError(f"the ik_llama.cpp backend was checked against ik-llama-cpp-python {IK_VERSION}, "
                            f"found {version}: pip install ik-llama-cpp-python=={IK_VERSION}")

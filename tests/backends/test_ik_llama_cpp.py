@@ -19,7 +19,7 @@ from specdec.backends.base import BackendError
 from specdec.engine import Engine
 from specdec.params import SamplingParams, SpecConfig
 
-pytestmark = pytest.mark.skipif(not IK, reason="ik-llama-cpp-python==0.1.5 is not installed (pip install -e '.[ik]')")
+pytestmark = pytest.mark.skipif(not IK, reason="ik-llama-cpp-python==0.1.5 is not installed (Linux x86_64 only)")
 
 # sizeof and {field: (offset, size)} of the structs passed by value, as the C compiler lays them out from
 # include/llama.h of the ik-llama-cpp-python 0.1.5 sdist on x86-64 (System V ABI), derived with
@@ -96,7 +96,7 @@ def test_layout_canary_names_a_misread_field():
 
 
 @pytest.mark.parametrize("version, message", [("0.1.6", "checked against ik-llama-cpp-python 0.1.5, found 0.1.6"),
-                                              (None, "pip install 'specdec\\[ik\\]'")])
+                                              (None, "pip install ik-llama-cpp-python==0.1.5")])
 def test_other_package_versions_are_refused(monkeypatch, version, message):
     def fake_version(name):
         if version is None:
