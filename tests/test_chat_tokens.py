@@ -3,6 +3,7 @@
 and for ordinary contents the ids equal the whole rendering tokenized with control tokens parsed."""
 
 import pytest
+from conftest import GGUF_BACKENDS, TINY_PAIRS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_gguf import CHATML_TEMPLATE
@@ -35,10 +36,9 @@ def detokenize(engine, ids) -> str:
     return b"".join(ctrl[t].encode() if t in ctrl else engine.token_bytes(t) for t in ids).decode("utf-8", "replace")
 
 
-@pytest.fixture(params=["llama.cpp", "hf"])
+@pytest.fixture(params=[*GGUF_BACKENDS, "hf"])
 def engine(request):
-    name = {"llama.cpp": "tiny_target", "hf": "hf_tiny_target"}[request.param]
-    return Engine(request.getfixturevalue(name))
+    return Engine(request.getfixturevalue(TINY_PAIRS[request.param][0]))
 
 
 @pytest.mark.parametrize("messages", MESSAGES)

@@ -38,6 +38,7 @@ class GGUFBackend(SequenceBook):
 
     n_batch: int
     n_threads: int
+    kv_cache_type: str  # "f16" or "f32": the KV cache's element type
     _batch = None  # the library's llama_batch struct, n_batch tokens, one sequence id per token
 
     # -- the library's own calls (one line each in a subclass) ----------------------------------

@@ -212,6 +212,7 @@ class IkLlamaCppBackend(GGUFBackend):
         self.n_ctx, self.n_seq_max, self.n_batch = n_ctx, n_seq_max, n_batch
         self.n_threads = n_threads or physical_cores()
         self.flash_attn = flash_attn
+        self.kv_cache_type = "f16"  # see flash_attn above
 
         mparams = lib.llama_model_default_params()
         mparams.repack_tensors = repack

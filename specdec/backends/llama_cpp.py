@@ -116,6 +116,7 @@ class LlamaCppBackend(GGUFBackend):
         cparams.n_batch = cparams.n_ubatch = n_batch
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
         cparams.kv_unified = self.kv_unified
+        self.kv_cache_type = kv_cache_type
         cparams.type_k = cparams.type_v = kv_types[kv_cache_type]
         if flash_attn is not None:
             cparams.flash_attn_type = int(flash_attn)  # LLAMA_FLASH_ATTN_TYPE_DISABLED = 0, _ENABLED = 1

@@ -215,7 +215,9 @@ def test_non_gguf_file_is_refused_before_any_message(tmp_path, capsys):
 def test_gguf_through_transformers_matches_llama_cpp(tmp_path, monkeypatch, capsys, tiny_target, tiny_target_path):
     """The tiny GGUF loaded by transformers' GGUF loader (dequantized, cached as safetensors) gives the
     llama.cpp backend's logits, tokens and bytes; the second load reads the cache. The one-time
-    dequantization message goes to stderr (stdout carries only generated text or --json)."""
+    dequantization message goes to stderr (stdout carries only generated text or --json). On
+    ik_llama.cpp, whose KV cache is F16 (it refuses an F32 V cache without flash attention), to ~1e-2."""
+    atol = 1e-3 if tiny_target.kv_cache_type == "f32" else 2e-2
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     hf = HFBackend.load(str(tiny_target_path), progress=True)
     out, err = capsys.readouterr()
@@ -229,11 +231,11 @@ def test_gguf_through_transformers_matches_llama_cpp(tmp_path, monkeypatch, caps
     assert hf.vocab_fingerprint()[0] == tiny_target.vocab_fingerprint()[0]
     seq = tiny_target.new_sequence()
     ref = tiny_target.eval({seq: (ids, len(ids))})[seq]
-    np.testing.assert_allclose(_score_all(hf, ids), ref, atol=1e-3)
+    np.testing.assert_allclose(_score_all(hf, ids), ref, atol=atol)
     mtime = (folders[0] / "model.safetensors").stat().st_mtime_ns
     again = HFBackend.load(str(tiny_target_path), progress=False)
     assert (folders[0] / "model.safetensors").stat().st_mtime_ns == mtime
-    np.testing.assert_allclose(_score_all(again, ids), ref, atol=1e-3)
+    np.testing.assert_allclose(_score_all(again, ids), ref, atol=atol)
 
 
 def _score_all(b: HFBackend, tokens: list[int]) -> np.ndarray:
