@@ -181,13 +181,14 @@ def test_prompt_errors(engine):
         engine.generate(list(np.arange(engine.n_ctx + 5) % 200), GREEDY)
 
 
-def test_draft_vocab_mismatch_refused(tiny_target, tmp_path):
-    from specdec.backends.llama_cpp import LlamaCppBackend
+def test_draft_vocab_mismatch_refused(tiny_target, gguf_backend, tmp_path):
+    from conftest import tiny_backend
     from tiny_gguf import write_tiny_qwen2_gguf
 
-    other = LlamaCppBackend(write_tiny_qwen2_gguf(tmp_path / "other.gguf", seed=3, extra_vocab=5), n_ctx=128)
-    with pytest.raises(ValueError, match="vocabularies"):
-        Engine(tiny_target, other, SpecConfig(method="draft"))
+    with tiny_backend(write_tiny_qwen2_gguf(tmp_path / "other.gguf", seed=3, extra_vocab=5), gguf_backend,
+                      n_ctx=128) as other:
+        with pytest.raises(ValueError, match="vocabularies"):
+            Engine(tiny_target, other, SpecConfig(method="draft"))
 
 
 def test_draft_proposer_rolls_back_after_all_accepted(tiny_target):

@@ -3,6 +3,7 @@
 ``specdec.generate``, keep working (issue 13)."""
 
 import pytest
+from conftest import GGUF_BACKENDS
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -79,12 +80,15 @@ def padded_paths(tmp_path_factory):
             write_tiny_qwen2_gguf(d / "inside.gguf", seed=0, pad_vocab=PAD, pad_inside=True))
 
 
-@pytest.fixture(scope="module")
-def padded_engine(padded_paths):
+@pytest.fixture(scope="module", params=GGUF_BACKENDS)
+def padded_engine(request, padded_paths):
+    """An engine on the padded tiny pair, once per GGUF backend."""
     from conftest import tiny_backend
 
-    target, draft = (tiny_backend(p, n_seq_max=2) for p in padded_paths[:2])
-    return Engine(target, draft, SpecConfig(method="draft", num_speculative_tokens=3))
+    target, draft = (tiny_backend(p, request.param, n_seq_max=2) for p in padded_paths[:2])
+    yield Engine(target, draft, SpecConfig(method="draft", num_speculative_tokens=3))
+    target.close()
+    draft.close()
 
 
 def test_padding_ids_refused_everywhere(padded_engine):
@@ -100,13 +104,13 @@ def test_padding_ids_refused_everywhere(padded_engine):
     assert e.target.free_sequences == e.target.n_seq_max and e.draft.free_sequences == e.draft.n_seq_max
 
 
-def test_padding_inside_the_vocabulary_cuts_no_real_id(padded_paths):
+def test_padding_inside_the_vocabulary_cuts_no_real_id(padded_paths, gguf_backend):
     """``vocab_size`` counted real tokens, assuming padding at the end; with padding before the control
     tokens it cut off the end-of-generation ids, and min_tokens raised IndexError. It is now one past
     the highest real id; the padding inside stays ordinary tokens."""
     from conftest import tiny_backend
 
-    backend = tiny_backend(padded_paths[2], n_seq_max=1)
+    backend = tiny_backend(padded_paths[2], gguf_backend, n_seq_max=1)
     engine = Engine(backend)
     assert engine.vocab_size == backend.n_vocab and engine.info.eog_ids == backend.eog_ids
     assert min(backend.eog_ids) > 283

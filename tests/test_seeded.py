@@ -87,9 +87,9 @@ def test_other_seeds_and_unseeded_gumbel_differ(table_engine):
     assert len(unseeded) == 4  # a fresh key per request
 
 
-def test_batched_seeded_requests_give_their_plain_text(tiny_target_path, tiny_draft_path):
-    """Alone or among other requests (seeded and not), in the scheduler, on the tiny GGUFs."""
-    engine = tiny_engine(tiny_target_path, tiny_draft_path, n_seq_max=4)
+def test_batched_seeded_requests_give_their_plain_text(tiny_target_path, tiny_draft_path, gguf_backend):
+    """Alone or among other requests (seeded and not), in the scheduler, on the tiny GGUFs (each backend)."""
+    engine = tiny_engine(tiny_target_path, tiny_draft_path, n_seq_max=4, backend=gguf_backend)
     prompts = [engine.encode_prompt(p) for p in PROMPTS[:4]]
     params = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=24)
     plain = [engine.generate(p, params.replace(seed=i), SpecConfig(method="none")).token_ids

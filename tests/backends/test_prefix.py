@@ -4,7 +4,7 @@ running sequences (ids and KV cells)."""
 
 import numpy as np
 import pytest
-from conftest import tiny_backend
+from conftest import GGUF_BACKENDS, tiny_backend
 from fake_lm import TableLM
 from server_helpers import tiny_engine
 
@@ -40,9 +40,13 @@ def test_parking_is_bounded_and_lru():
     assert not lm.prefix.parked
 
 
-@pytest.fixture(scope="module")
-def pair(tiny_target_path, tiny_draft_path):
-    return tiny_engine(tiny_target_path, tiny_draft_path, n_seq_max=8)
+@pytest.fixture(scope="module", params=GGUF_BACKENDS)
+def pair(request, tiny_target_path, tiny_draft_path):
+    """An engine on the tiny pair, once per GGUF backend."""
+    engine = tiny_engine(tiny_target_path, tiny_draft_path, n_seq_max=8, backend=request.param)
+    yield engine
+    engine.target.close()
+    engine.draft.close()
 
 
 @pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=1.0, top_p=0.9, seed=5, max_tokens=24)],
@@ -85,9 +89,9 @@ def test_a_running_request_is_a_prefix(pair):
     assert chunks[-1].result.token_ids == ref.token_ids
 
 
-def test_full_kv_cache_evicts_parked_prefixes(tiny_target_path):
+def test_full_kv_cache_evicts_parked_prefixes(tiny_target_path, gguf_backend):
     # llama.cpp pads the cache to a multiple of 256 cells: 512 cells, two 300-token sequences do not fit
-    b = tiny_backend(tiny_target_path, n_ctx=384, n_seq_max=4, n_cells=512)
+    b = tiny_backend(tiny_target_path, gguf_backend, n_ctx=384, n_seq_max=4, n_cells=512)
     try:
         b.prefix.configure(2, 400)
         parked = SequenceCache(b)

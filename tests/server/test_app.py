@@ -6,14 +6,16 @@ import time
 import httpx
 import openai
 import pytest
+from conftest import GGUF_BACKENDS
 from server_helpers import LONG, PROMPTS, LiveServer, no_leaked_sequences, sse_events, tiny_engine, wait_until
 
 from specdec.params import SamplingParams
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_target_path, tiny_draft_path):
-    return tiny_engine(tiny_target_path, tiny_draft_path)
+@pytest.fixture(scope="module", params=GGUF_BACKENDS)
+def engine(request, tiny_target_path, tiny_draft_path):
+    """The tiny pair on each GGUF backend."""
+    return tiny_engine(tiny_target_path, tiny_draft_path, backend=request.param)
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ def test_bad_logit_bias_leaks_no_draft_sequence(server, engine):
             assert r.status_code == 200, r.text
 
 
-def test_padding_token_ids_get_400(tmp_path):
+def test_padding_token_ids_get_400(tmp_path, gguf_backend):
     """Defect 3: prompt ids in the padding rows (past the real vocabulary, within the logits' rows)
     passed the range check and crashed the request with a 500 once a proposer drafted one."""
     from conftest import tiny_backend
@@ -43,7 +43,7 @@ def test_padding_token_ids_get_400(tmp_path):
     from specdec.engine import Engine
     from specdec.params import SpecConfig
 
-    target = tiny_backend(write_tiny_qwen2_gguf(tmp_path / "t.gguf", pad_vocab=20), n_seq_max=2)
+    target = tiny_backend(write_tiny_qwen2_gguf(tmp_path / "t.gguf", pad_vocab=20), gguf_backend, n_seq_max=2)
     engine = Engine(target, None, SpecConfig(method="ngram", num_speculative_tokens=4))
     pad = target.n_vocab - 5
     bodies = [{"prompt": [5, pad, 6, 7, 5, pad, 6]}, {"prompt": [[1, 2], [3, pad]]},
