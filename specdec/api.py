@@ -109,12 +109,16 @@ GGUF_BACKENDS = ("llama.cpp", "ik_llama.cpp")
 
 
 def default_backend() -> str:
-    """``ik_llama.cpp`` where its pinned package is installed and loads (Linux x86_64: a dependency of
-    specdec there), else ``llama.cpp``: on the CPUs measured (docs/bench/) ik_llama.cpp scores one token
-    and k+1 tokens faster, with the same GGUF files and, greedy, the same tokens up to near-ties."""
-    from specdec.backends.ik_llama_cpp import ik_available
+    """``ik_llama.cpp`` where ik-llama-cpp-python is installed (a dependency of specdec on Linux x86_64,
+    CPython 3.10-3.13) or ``SPECDEC_IK_LIB`` names a library, else ``llama.cpp``: on the CPUs measured
+    (docs/bench/) ik_llama.cpp scores one token and k+1 tokens faster, with the same GGUF files and,
+    greedy, the same tokens up to near-ties.
 
-    return "ik_llama.cpp" if ik_available() else "llama.cpp"
+    Installed but unusable (another version, a broken ``SPECDEC_IK_LIB``) still chooses ik_llama.cpp, so
+    that loading fails with a line saying what to fix instead of silently running the slower backend."""
+    from specdec.backends.ik_llama_cpp import ik_requested
+
+    return "ik_llama.cpp" if ik_requested() else "llama.cpp"
 
 
 def backend_name(backend: str | None) -> str:

@@ -156,6 +156,18 @@ def load_library() -> SimpleNamespace:
     return lib
 
 
+def ik_requested() -> bool:
+    """Whether ik_llama.cpp is meant to be used here: ik-llama-cpp-python is installed (any version) or
+    ``SPECDEC_IK_LIB`` is set. Cheap: loads nothing."""
+    if os.environ.get(LIB_ENV):
+        return True
+    try:
+        importlib.metadata.version("ik-llama-cpp-python")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def ik_available() -> bool:
     """Whether the ik_llama.cpp backend can load here (the pinned package installed, its library usable)."""
     try:

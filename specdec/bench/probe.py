@@ -1,16 +1,17 @@
 """The score-cost curve ``S(n)``: wall seconds of one backend call scoring ``n`` tokens (logits for all ``n``)
 after a fixed context, the quantity speculation on a CPU lives on (see README, Adaptive speculation).
 
-``python3 -m specdec.bench.probe --backends llama.cpp,ik_llama.cpp`` prints the curve of each backend on
-the default target; ``specdec bench`` runs :func:`score_curve` per backend at its start. This module
-knows the Backend protocol and the model loader, nothing about speculation.
+``python3 -m specdec.bench.probe --backends llama.cpp,ik`` prints the curve of each backend on the default
+target (``SPECDEC_IK_LIB=.../libllama.so`` in the environment: ik_llama.cpp's curve on that build; the
+library is named in the output); ``specdec bench`` runs :func:`score_curve` per backend at its start. This
+module knows the Backend protocol and the model loader, nothing about speculation.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
+import sys
 import time
 from typing import Sequence
 
@@ -64,26 +65,41 @@ def score_curve(backend, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5,
 
 def main(argv: list[str] | None = None) -> int:
     """Print ``S(n)`` in ms per backend for the default target (or ``--target``), with the load average."""
-    from specdec.api import BACKENDS, _backend_loader
+    from specdec.api import GGUF_BACKENDS, _backend_loader, backend_name
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from specdec.cli.options import OneLineErrorParser
+
+    p = OneLineErrorParser(prog="python3 -m specdec.bench.probe", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default=None, help="a known model name or a GGUF path (default: the default target)")
-    p.add_argument("--backends", default="llama.cpp,ik_llama.cpp", help="comma-separated GGUF backends")
-    p.add_argument("--sizes", default="1,2,4,8", help="tokens per call, comma-separated")
+    p.add_argument("--backends", default="llama.cpp,ik_llama.cpp", help="comma-separated GGUF backends (ik = ik_llama.cpp)")
+    p.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="tokens per call, comma-separated (default 1..17)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--context", type=int, default=120)
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args(argv)
-    from specdec.models import DEFAULT_TARGET
+    from specdec.backends.base import BackendError
+    from specdec.models import DEFAULT_TARGET, ModelDownloadError
 
-    sizes = [int(x) for x in args.sizes.split(",")]
-    backends = [b for b in args.backends.split(",") if b]
+    try:
+        sizes = [int(x) for x in args.sizes.split(",")]
+        backends = [backend_name(b.strip()) for b in args.backends.split(",") if b.strip()]
+    except ValueError as e:
+        p.error(str(e))
+    if any(b not in GGUF_BACKENDS for b in backends) or not sizes or min(sizes) < 1:
+        p.error(f"--backends takes {', '.join(GGUF_BACKENDS)}; --sizes positive integers")
     print(f"load average at start: {os.getloadavg()}")
     for name in backends:
-        if name not in BACKENDS:
-            p.error(f"unknown backend {name!r}")
-        backend = _backend_loader(name, None, None, n_ctx=args.context + max(sizes) + 8, n_seq_max=1,
-                                  n_threads=args.threads, progress=True)(args.target or DEFAULT_TARGET)
+        try:
+            backend = _backend_loader(name, None, None, n_ctx=args.context + max(sizes) + 8, n_seq_max=1,
+                                      n_threads=args.threads, progress=True, n_cells=None)(args.target or DEFAULT_TARGET)
+        except (BackendError, ModelDownloadError, OSError, ValueError) as e:
+            print(f"probe: {name}: {e}", file=sys.stderr)
+            return 1
+        if name == "ik_llama.cpp":
+            from specdec.backends.ik_llama_cpp import ik_library
+
+            lib = ik_library()
+            print(f"ik_llama.cpp library: {lib.path}\n  {lib.system_info.strip()}")
         curve = score_curve(backend, sizes, args.repeats, args.context)
         print(f"{name:14s}" + "".join(f"  S({n})={1000 * s:.0f}" for n, s in curve.items()) + "  ms")
         backend.close()

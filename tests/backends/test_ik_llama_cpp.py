@@ -120,6 +120,26 @@ def test_lib_env_is_checked(monkeypatch, tmp_path):
         ik_mod.load_library()
 
 
+def test_default_backend_is_ik_where_it_is_installed_or_named(monkeypatch):
+    """Installed (or named by SPECDEC_IK_LIB) means chosen, usable or not: a broken install fails loading
+    with a line saying what to fix instead of silently running on the slower backend."""
+    from specdec.api import backend_name, default_backend
+
+    monkeypatch.delenv(ik_mod.LIB_ENV, raising=False)
+    assert default_backend() == backend_name(None) == "ik_llama.cpp"
+    real_version = importlib.metadata.version
+
+    def version(name):
+        if name == "ik-llama-cpp-python":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real_version(name)
+
+    monkeypatch.setattr(ik_mod.importlib.metadata, "version", version)
+    assert default_backend() == "llama.cpp"
+    monkeypatch.setenv(ik_mod.LIB_ENV, "/somewhere/libllama.so")
+    assert default_backend() == "ik_llama.cpp"
+
+
 def _cli(args, env=None):
     return subprocess.run([sys.executable, "-m", "specdec.cli", *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=300)
@@ -148,6 +168,8 @@ def both(llama_tiny_target, ik_tiny_target, ik_tiny_draft, llama_tiny_draft):
 def test_one_vocabulary_fingerprint_and_tokenizer_for_both(both):
     assert both.ik.vocab_fingerprint() == both.lc.vocab_fingerprint()
     assert both.ik.eog_ids == both.lc.eog_ids and both.ik.n_vocab == both.lc.n_vocab
+    assert both.ik.control_token_texts() == both.lc.control_token_texts() == {
+        "<|endoftext|>", "<|im_start|>", "<|im_end|>"}
     text = "The quick <|im_start|>brown fox ✓"
     for special in (False, True):
         assert both.ik.tokenize(text, special) == both.lc.tokenize(text, special)

@@ -180,3 +180,21 @@ def test_resume_keeps_finished_prompts(smoke):
     again = run_bench(dataclasses.replace(cfg, resume=True, warmup=False))
     assert len(again["runs"]) == len(doc["runs"])
     assert any(n.startswith("resumed: ") for n in again["notes"])
+
+
+def test_probe_prints_each_backend_s_curve(tiny_target_path, capsys):
+    """``python -m specdec.bench.probe``: one S(n) line per backend (aliases accepted), the ik library named;
+    bad options are one line and exit status 2."""
+    from specdec.bench import probe
+
+    args = ["--target", str(tiny_target_path), "--sizes", "1,3", "--repeats", "1", "--context", "8", "--threads", "1"]
+    assert probe.main([*args, "--backends", ",".join("ik" if b == "ik_llama.cpp" else b for b in BACKENDS)]) == 0
+    out = capsys.readouterr().out
+    for b in BACKENDS:
+        line = next(x for x in out.splitlines() if x.startswith(b + " ") and "S(" in x)
+        assert "S(1)=" in line and "S(3)=" in line and line.endswith("ms")
+    assert ("ik_llama.cpp library: " in out) == IK
+    for bad in (["--backends", "hf"], ["--backends", "nope"], ["--sizes", "0"]):
+        with pytest.raises(SystemExit) as e:
+            probe.main([*args, *bad])
+        assert e.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
