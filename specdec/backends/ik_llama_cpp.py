@@ -36,6 +36,7 @@ IK_VERSION = "0.1.5"
 
 LIB_ENV = "SPECDEC_IK_LIB"
 """Environment variable: path of an ik_llama.cpp ``libllama.so`` to load instead of the package's."""
+_PACKAGE_ENV = "IK_LLAMA_CPP_LIB_PATH"  # the package's own override, read when it is imported
 
 _c = ctypes
 _log_callback = _c.CFUNCTYPE(None, _c.c_int, _c.c_char_p, _c.c_void_p)  # ggml_log_callback
@@ -121,16 +122,23 @@ def load_library() -> SimpleNamespace:
         raise BackendError(f"the ik_llama.cpp backend was checked against ik-llama-cpp-python {IK_VERSION}, "
                            f"found {version}: pip install ik-llama-cpp-python=={IK_VERSION}")
     wanted = os.environ.get(LIB_ENV)
+    if wanted and not Path(wanted).is_file():
+        raise BackendError(f"{LIB_ENV}={wanted} is not a file: point it at an ik_llama.cpp libllama.so")
+    # The package loads its library once, at import, from IK_LLAMA_CPP_LIB_PATH when that is set: set it
+    # for the import only (a failed import is retried by the next call, and nothing else sees it).
+    saved = os.environ.get(_PACKAGE_ENV)
     if wanted:
-        if not Path(wanted).is_file():
-            raise BackendError(f"{LIB_ENV}={wanted} is not a file: point it at an ik_llama.cpp libllama.so")
-        # the package loads its library at import, from IK_LLAMA_CPP_LIB_PATH when that is set
-        os.environ["IK_LLAMA_CPP_LIB_PATH"] = str(Path(wanted).resolve())
+        os.environ[_PACKAGE_ENV] = str(Path(wanted).resolve())
     try:
         from ik_llama_cpp import _ctypes_api as C
     except (OSError, AttributeError) as e:  # AttributeError: the package binds a function the library lacks
         where = f"{LIB_ENV}={wanted}" if wanted else f"ik-llama-cpp-python {IK_VERSION}"
         raise BackendError(f"{where}: not a usable ik_llama.cpp library ({e})") from None
+    finally:
+        if saved is None:
+            os.environ.pop(_PACKAGE_ENV, None)
+        else:
+            os.environ[_PACKAGE_ENV] = saved
     raw = C._lib
     if wanted and Path(raw._name).resolve() != Path(wanted).resolve():
         raise BackendError(f"{LIB_ENV}={wanted} was set after ik_llama_cpp loaded {raw._name}; set it before "

@@ -109,7 +109,7 @@ def test_other_package_versions_are_refused(monkeypatch, version, message):
 
 
 def test_lib_env_is_checked(monkeypatch, tmp_path):
-    monkeypatch.delenv("IK_LLAMA_CPP_LIB_PATH", raising=False)  # load_library sets it; restored after
+    monkeypatch.delenv(ik_mod._PACKAGE_ENV, raising=False)
     monkeypatch.setenv(ik_mod.LIB_ENV, str(tmp_path / "nope.so"))
     with pytest.raises(BackendError, match="SPECDEC_IK_LIB=.*nope.so is not a file"):
         ik_mod.load_library()
@@ -118,6 +118,7 @@ def test_lib_env_is_checked(monkeypatch, tmp_path):
     monkeypatch.setenv(ik_mod.LIB_ENV, str(other))  # this process already loaded the package's library
     with pytest.raises(BackendError, match="set it before the process starts"):
         ik_mod.load_library()
+    assert ik_mod._PACKAGE_ENV not in os.environ  # set for the package's import only
 
 
 def test_default_backend_is_ik_where_it_is_installed_or_named(monkeypatch):
