@@ -6,8 +6,9 @@ speculation lives on. It reads the same GGUF files. The package ``ik-llama-cpp-p
 :data:`IK_VERSION`) ships ``libllama.so`` and a small hand-written ctypes layer; this module uses that
 layer's struct mirrors and functions and declares the few functions it lacks in ONE table
 (:data:`_DECLARED`), typed from ``include/llama.h`` of the same release's sdist. Struct layouts are
-checked against that header by ``tests/backends/test_ik_layout.py``; at load this module checks the
-package version, the symbols it calls and the library's default parameters (a layout canary).
+checked against that header by ``tests/backends/test_ik_llama_cpp.py`` (the layouts derived from it by
+``tests/backends/ik_layout.py``); at load this module checks the package version, the symbols it calls
+and the library's default parameters (a layout canary).
 
 ``SPECDEC_IK_LIB=/path/to/libllama.so`` loads another build of the same ik_llama.cpp sources (for example
 one built with ``-DGGML_NATIVE=ON``; see the README) instead of the wheel's.
@@ -116,8 +117,8 @@ def load_library() -> SimpleNamespace:
         version = importlib.metadata.version("ik-llama-cpp-python")
     except importlib.metadata.PackageNotFoundError:
         raise BackendError(f"the ik_llama.cpp backend needs ik-llama-cpp-python=={IK_VERSION}: "
-                           f"pip install ik-llama-cpp-python=={IK_VERSION} (prebuilt for Linux x86_64, CPython 3.10-3.13; "
-                           "installed with specdec there)") from None
+                           f"pip install ik-llama-cpp-python=={IK_VERSION} (prebuilt for Linux x86_64, "
+                           "CPython 3.10-3.13; installed with specdec there)") from None
     if version != IK_VERSION:
         raise BackendError(f"the ik_llama.cpp backend was checked against ik-llama-cpp-python {IK_VERSION}, "
                            f"found {version}: pip install ik-llama-cpp-python=={IK_VERSION}")

@@ -71,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
 
     p = OneLineErrorParser(prog="python3 -m specdec.bench.probe", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default=None, help="a known model name or a GGUF path (default: the default target)")
-    p.add_argument("--backends", default="llama.cpp,ik_llama.cpp", help="comma-separated GGUF backends (ik = ik_llama.cpp)")
-    p.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="tokens per call, comma-separated (default 1..17)")
+    p.add_argument("--backends", default="llama.cpp,ik_llama.cpp",
+                   help="comma-separated GGUF backends (ik = ik_llama.cpp)")
+    p.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)),
+                   help="tokens per call, comma-separated (default 1..17)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--context", type=int, default=120)
     p.add_argument("--threads", type=int, default=None)
@@ -90,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average at start: {os.getloadavg()}")
     for name in backends:
         try:
-            backend = _backend_loader(name, None, None, n_ctx=args.context + max(sizes) + 8, n_seq_max=1,
-                                      n_threads=args.threads, progress=True, n_cells=None)(args.target or DEFAULT_TARGET)
+            load = _backend_loader(name, None, None, n_ctx=args.context + max(sizes) + 8, n_seq_max=1,
+                                   n_threads=args.threads, progress=True, n_cells=None)
+            backend = load(args.target or DEFAULT_TARGET)
         except (BackendError, ModelDownloadError, OSError, ValueError) as e:
             print(f"probe: {name}: {e}", file=sys.stderr)
             return 1

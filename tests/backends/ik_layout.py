@@ -9,7 +9,7 @@ Usage (needs a C compiler and the unpacked sdist of the pinned ik-llama-cpp-pyth
 It writes a C file that includes ``include/llama.h`` (with ``ggml/include`` for ``ggml.h``) and prints
 ``sizeof`` and, for every field the package's ctypes mirror declares, ``offsetof`` and the field's size,
 compiles it with ``cc`` for this machine's ABI (x86-64 System V here) and prints the table as the Python
-literal :data:`test_ik_layout.HEADER_LAYOUT` holds. The numbers come from the compiler reading the same
+literal :data:`test_ik_llama_cpp.HEADER_LAYOUT` holds. The numbers come from the compiler reading the same
 header the library was built from, not from hand arithmetic; a field added, removed or retyped in the
 header changes them.
 """
@@ -58,4 +58,6 @@ def derive(source_dir: Path) -> dict[str, dict]:
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit(__doc__)
-    pprint.pprint(derive(Path(sys.argv[1])), width=120, sort_dicts=False)
+    # the shape of test_ik_llama_cpp.HEADER_LAYOUT: {struct: (sizeof, {field: (offset, size)})}
+    pprint.pprint({s: (t["sizeof"], t["fields"]) for s, t in derive(Path(sys.argv[1])).items()}, width=120,
+                  sort_dicts=False)
