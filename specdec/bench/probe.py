@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             lib = ik_library()
             print(f"ik_llama.cpp library: {lib.path}\n  {lib.system_info.strip()}")
         curve = score_curve(backend, sizes, args.repeats, args.context)
-        print(f"{name:14s}" + "".join(f"  S({n})={1000 * s:.0f}" for n, s in curve.items()) + "  ms")
+        print(f"{name:14s}" + "".join(f"  S({n})={1000 * s:.1f}" for n, s in curve.items()) + "  ms")
         backend.close()
     print(f"load average at end: {os.getloadavg()}")
     return 0
