@@ -6,6 +6,7 @@ never from wall time."""
 import math
 
 import pytest
+from conftest import GGUF_BACKENDS
 from fake_lm import TableLM
 from server_helpers import LONG, PROMPTS, tiny_engine
 
@@ -79,9 +80,10 @@ def test_budget_is_read_from_the_other_mode_when_one_is_unmeasured():
 
 # -- the step --------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def engine(tiny_target_path, tiny_draft_path):
-    return tiny_engine(tiny_target_path, tiny_draft_path)
+@pytest.fixture(scope="module", params=GGUF_BACKENDS)
+def engine(request, tiny_target_path, tiny_draft_path):
+    """The tiny pair on each GGUF backend."""
+    return tiny_engine(tiny_target_path, tiny_draft_path, backend=request.param)
 
 
 @pytest.fixture
