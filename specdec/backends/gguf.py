@@ -240,3 +240,18 @@ class GGUFBackend(SequenceBook):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, n_ctx={self.n_ctx}, n_seq_max={self.n_seq_max})"
+
+MAX_KV_CELLS = 2**31 - 1
+"""Most KV cells a context may ask for: the C libraries hold the count in a 32-bit field."""
+
+
+def check_cells(n_ctx: int, n_seq_max: int, n_cells: int | None = None) -> None:
+    """Refuse a KV cache larger than the libraries can address (it would wrap around silently).
+
+    Raises:
+        ValueError: when ``n_ctx * n_seq_max`` (or ``n_cells``) is over :data:`MAX_KV_CELLS`.
+    """
+    cells = max(n_ctx * n_seq_max, n_cells or 0)
+    if cells > MAX_KV_CELLS:
+        raise ValueError(f"n_ctx {n_ctx} x {n_seq_max} sequences = {cells} KV cells is more than llama.cpp "
+                         f"can address ({MAX_KV_CELLS}); choose a smaller --n-ctx")

@@ -29,7 +29,7 @@ from types import SimpleNamespace
 
 from specdec.backends.base import BackendError
 from specdec.backends.cpu import physical_cores
-from specdec.backends.gguf import GGUFBackend
+from specdec.backends.gguf import GGUFBackend, check_cells
 from specdec.models import check_gguf
 
 IK_VERSION = "0.1.5"
@@ -225,6 +225,7 @@ class IkLlamaCppBackend(GGUFBackend):
         path = check_gguf(path)
         if n_ctx < 1 or n_batch < 1 or n_seq_max < 1:
             raise ValueError(f"n_ctx, n_batch and n_seq_max must be >= 1, got {n_ctx}, {n_batch}, {n_seq_max}")
+        check_cells(n_ctx, n_seq_max, n_cells)
         if n_threads is not None and n_threads < 1:
             raise ValueError(f"n_threads (--threads) must be at least 1, got {n_threads}")
         self._lib = lib = ik_library()

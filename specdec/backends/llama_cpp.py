@@ -22,7 +22,7 @@ import llama_cpp as lc
 
 from specdec.backends.base import BackendError
 from specdec.backends.cpu import physical_cores
-from specdec.backends.gguf import GGUFBackend
+from specdec.backends.gguf import GGUFBackend, check_cells
 from specdec.models import check_gguf
 
 _initialized = False
@@ -81,6 +81,7 @@ class LlamaCppBackend(GGUFBackend):
         path = check_gguf(path)
         if n_ctx < 1 or n_batch < 1:
             raise ValueError(f"n_ctx and n_batch must be >= 1, got {n_ctx}, {n_batch}")
+        check_cells(n_ctx, n_seq_max, n_cells)
         if not 1 <= n_seq_max <= lc.llama_max_parallel_sequences():
             raise ValueError(f"n_seq_max must be in 1..{lc.llama_max_parallel_sequences()}, got {n_seq_max}")
         kv_types = {"f16": lc.GGML_TYPE_F16, "f32": lc.GGML_TYPE_F32}
@@ -100,6 +101,10 @@ class LlamaCppBackend(GGUFBackend):
         if not self._model:
             raise BackendError(f"llama.cpp could not load {path} (unsupported or corrupt GGUF?)")
         self._vocab = lc.llama_model_get_vocab(self._model)
+        n_train = lc.llama_model_n_ctx_train(self._model)
+        if 0 < n_train < n_ctx:
+            self.close()
+            raise ValueError(f"n_ctx {n_ctx} is more than {Path(path).name}'s training context of {n_train} tokens")
 
         # llama.cpp's n_ctx is the whole KV cache: ask for n_ctx * n_seq_max cells. kv_unified=False
         # gives each sequence its own stream of n_ctx cells, but then splits a batch whose sequences
