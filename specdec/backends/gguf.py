@@ -82,7 +82,22 @@ class GGUFBackend(SequenceBook):
         """Free the batch, the context and the model, whichever exist; idempotent."""
         raise NotImplementedError
 
+    def _lib_n_ctx_train(self) -> int:
+        """The model's training context in tokens (0 when the file does not say)."""
+        raise NotImplementedError
+
     # -- set-up ----------------------------------------------------------------------------------
+    def _check_training_context(self, n_ctx: int) -> None:
+        """Once the model is loaded: refuse (and free it) when ``n_ctx`` is over its training context.
+
+        Raises:
+            ValueError: naming the model's training context.
+        """
+        n_train = self._lib_n_ctx_train()
+        if 0 < n_train < n_ctx:
+            self.close()
+            raise ValueError(f"n_ctx {n_ctx} is more than {self.path.name}'s training context of {n_train} tokens")
+
     def _init_gguf(self, n_vocab: int) -> None:
         """Finish construction once the model, the context and ``self._batch`` exist."""
         self.n_vocab = n_vocab
@@ -240,6 +255,7 @@ class GGUFBackend(SequenceBook):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, n_ctx={self.n_ctx}, n_seq_max={self.n_seq_max})"
+
 
 MAX_KV_CELLS = 2**31 - 1
 """Most KV cells a context may ask for: the C libraries hold the count in a 32-bit field."""

@@ -51,6 +51,7 @@ _DECLARED = {
     "llama_kv_cache_defrag": ([_c.c_void_p], None),
     "llama_kv_cache_update": ([_c.c_void_p], _c.c_int32),
     "llama_n_ctx": ([_c.c_void_p], _c.c_uint32),
+    "llama_n_ctx_train": ([_c.c_void_p], _c.c_int32),  # takes the model
     "llama_model_is_recurrent": ([_c.c_void_p], _c.c_bool),
     "llama_vocab_get_text": ([_c.c_void_p, _c.c_int32], _c.c_char_p),
     "llama_token_get_attr": ([_c.c_void_p, _c.c_int32], _c.c_int),  # takes the model, not the vocab
@@ -244,6 +245,7 @@ class IkLlamaCppBackend(GGUFBackend):
         if not self._model:
             raise BackendError(f"ik_llama.cpp could not load {path} (unsupported or corrupt GGUF?)")
         self._vocab = lib.llama_model_get_vocab(self._model)
+        self._check_training_context(n_ctx)
         self.recurrent = bool(lib.llama_model_is_recurrent(self._model))
 
         # ik_llama.cpp's n_ctx is the whole KV cache, shared by all sequences: n_ctx * n_seq_max cells
@@ -322,6 +324,9 @@ class IkLlamaCppBackend(GGUFBackend):
 
     def _lib_chat_template(self) -> bytes | None:
         return self._lib.llama_model_chat_template(self._model, None)
+
+    def _lib_n_ctx_train(self) -> int:
+        return self._lib.llama_n_ctx_train(self._model)
 
     def _lib_free(self) -> None:
         if getattr(self, "_batch_live", False):

@@ -101,10 +101,7 @@ class LlamaCppBackend(GGUFBackend):
         if not self._model:
             raise BackendError(f"llama.cpp could not load {path} (unsupported or corrupt GGUF?)")
         self._vocab = lc.llama_model_get_vocab(self._model)
-        n_train = lc.llama_model_n_ctx_train(self._model)
-        if 0 < n_train < n_ctx:
-            self.close()
-            raise ValueError(f"n_ctx {n_ctx} is more than {Path(path).name}'s training context of {n_train} tokens")
+        self._check_training_context(n_ctx)
 
         # llama.cpp's n_ctx is the whole KV cache: ask for n_ctx * n_seq_max cells. kv_unified=False
         # gives each sequence its own stream of n_ctx cells, but then splits a batch whose sequences
@@ -178,6 +175,9 @@ class LlamaCppBackend(GGUFBackend):
 
     def _lib_chat_template(self) -> bytes | None:
         return lc.llama_model_chat_template(self._model, None)
+
+    def _lib_n_ctx_train(self) -> int:
+        return lc.llama_model_n_ctx_train(self._model)
 
     def _lib_free(self) -> None:
         if getattr(self, "_batch_live", False):

@@ -291,16 +291,17 @@ def test_fragmented_cache_takes_a_long_batch(tiny_target_path, gguf_backend):
         np.testing.assert_allclose(b.eval({t: (tokens(60, seed=99), 1)})[t], ref, atol=ATOL)
 
 
-def test_context_beyond_training_or_addressable_cells_is_refused(tiny_target_path):
+def test_context_beyond_training_or_addressable_cells_is_refused(tiny_target_path, gguf_backend):
     """A huge --n-ctx used to grow until the OOM killer came (no message), and one past 2**32 wrapped
     silently in the C struct and ended in an AssertionError traceback."""
     from specdec.backends.gguf import check_cells
-    from specdec.backends.llama_cpp import LlamaCppBackend
 
     with pytest.raises(ValueError, match="training context of 512 tokens"):
-        LlamaCppBackend(tiny_target_path, n_ctx=10**9, n_seq_max=1)
+        tiny_backend(tiny_target_path, gguf_backend, n_ctx=10**9, n_seq_max=1)
     with pytest.raises(ValueError, match="more than llama.cpp can address"):
-        LlamaCppBackend(tiny_target_path, n_ctx=2**32 + 16, n_seq_max=1)
+        tiny_backend(tiny_target_path, gguf_backend, n_ctx=2**32 + 16, n_seq_max=1)
+    with tiny_backend(tiny_target_path, gguf_backend, n_ctx=512, n_seq_max=1) as b:  # exactly the training context
+        assert b.n_ctx == 512
     with pytest.raises(ValueError, match="KV cells"):
         check_cells(2**28, 8)
     check_cells(2**20, 8)
