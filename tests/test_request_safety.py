@@ -38,7 +38,7 @@ def test_generate_cached_engine_survives_bad_calls(tiny_target_path, tiny_draft_
     """The module-level ``specdec.generate`` reuses one engine per model pair: bad calls must not
     poison it (before the fix, the fifth good call failed with "all 4 sequences ... are in use")."""
     kw = {"target": str(tiny_target_path), "draft": str(tiny_draft_path), "method": "draft", "chat": False,
-          "max_tokens": 4}
+          "max_tokens": 4, "n_ctx": 512}  # the tiny models' training context
     for _ in range(6):
         with pytest.raises(ValueError, match="logit_bias"):
             specdec.generate("hello", logit_bias={999_999: 1}, **kw)

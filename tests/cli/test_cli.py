@@ -96,7 +96,8 @@ def test_vocab_mismatch_refused(capsys, tmp_path, tiny_target_path):
     from tiny_gguf import write_tiny_qwen2_gguf
 
     other = write_tiny_qwen2_gguf(tmp_path / "other.gguf", seed=5, extra_vocab=3)
-    code, _, err = run(capsys, "generate", "hi", "--target", str(tiny_target_path), "--draft", str(other))
+    code, _, err = run(capsys, "generate", "hi", "--target", str(tiny_target_path), "--draft", str(other),
+                       "--n-ctx", "512")
     assert code != 0 and "vocabularies" in err and len(err.strip().splitlines()) == 1
 
 

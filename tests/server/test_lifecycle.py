@@ -16,7 +16,7 @@ from server_helpers import LONG, sse_events
 
 def start_server(target, draft, *extra):
     cmd = [sys.executable, "-m", "specdec.cli", "serve", "--target", str(target), "--draft", str(draft),
-           "--port", "0", "--n-ctx", "4096", "--max-concurrency", "2", "--threads", "1", *extra]
+           "--port", "0", "--n-ctx", "512", "--max-concurrency", "2", "--threads", "1", *extra]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     lines = []
     deadline = time.monotonic() + 120
@@ -33,8 +33,13 @@ def start_server(target, draft, *extra):
     pytest.fail(f"server did not start: {''.join(lines)}")
 
 
-def test_sigterm_drains_in_flight_stream(tiny_target_path, tiny_draft_path):
-    proc, url, log = start_server(tiny_target_path, tiny_draft_path)
+def test_sigterm_drains_in_flight_stream(tmp_path):
+    from tiny_gguf import write_tiny_qwen2_gguf
+
+    # the tiny pair with a 2048-token training context: the request below runs 1500 tokens
+    target = write_tiny_qwen2_gguf(tmp_path / "target.gguf", seed=0, n_ctx=2048)
+    draft = write_tiny_qwen2_gguf(tmp_path / "draft.gguf", seed=1, n_layer=1, n_ctx=2048)
+    proc, url, log = start_server(target, draft, "--n-ctx", "2048")
     try:
         root = url.removesuffix("/v1")
         httpx.get(f"{root}/health", timeout=30).raise_for_status()
