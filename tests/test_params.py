@@ -204,7 +204,8 @@ def test_n_samples(table_engine):
     assert len({tuple(r.token_ids) for r in first}) == 4
     assert first[0].token_ids == table_engine.generate(PROMPT, params.replace(n=1), spec).token_ids
     unseeded = table_engine.generate_n(PROMPT, params.replace(seed=None), spec)
-    assert len(unseeded) == 4 and len({tuple(r.token_ids) for r in unseeded}) == 4
+    # fresh entropy per sample: not all alike (all four distinct is likely but not certain on this table)
+    assert len(unseeded) == 4 and len({tuple(r.token_ids) for r in unseeded}) >= 2
     with pytest.raises(ValueError, match="generate_n"):
         table_engine.generate(PROMPT, params, spec)
 
