@@ -162,6 +162,9 @@ class LlamaServer(ServerProcess):
         target: Target GGUF path.
         draft: Draft GGUF path for speculative mode, or None for plain decoding.
         draft_k: ``--spec-draft-n-max`` (most drafts per step).
+        spec_type: ``--spec-type``: ``draft-simple`` (the default with a draft) or a draftless mode
+            (``ngram-simple``, ``ngram-mod``: llama.cpp's prompt lookup; its own defaults); None without a
+            draft is plain decoding.
         n_ctx: Context window per slot, tokens (the server gets ``n_ctx * n_parallel``).
         n_threads: CPU threads (``-t``, also used for the draft).
         n_parallel: Slots (``-np``): requests decoded together; its prompt cache reuses a slot's longest
@@ -177,15 +180,17 @@ class LlamaServer(ServerProcess):
 
     def __init__(self, binary: Path, target: Path, draft: Path | None = None, draft_k: int = 3,
                  n_ctx: int = 4096, n_threads: int = 2, n_parallel: int = 1, log_path: Path | None = None,
-                 timeout: float = 180.0):
+                 timeout: float = 180.0, spec_type: str | None = None):
         cmd = [str(binary), "-m", str(target), "--host", "127.0.0.1", "--port", "{port}",
                "-c", str(n_ctx * n_parallel), "-t", str(n_threads), "-tb", str(n_threads), "-np",
                str(n_parallel), "--no-webui"]
         if draft is not None:
             # --spec-type is needed: without it the server infers the type from the draft's GGUF metadata,
             # finds none for a plain model, and runs with the draft loaded but unused
-            cmd += ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(draft_k),
-                    "-td", str(n_threads)]
+            cmd += ["-md", str(draft), "--spec-type", spec_type or "draft-simple", "--spec-draft-n-max",
+                    str(draft_k), "-td", str(n_threads)]
+        elif spec_type is not None:  # draftless modes (prompt lookup): ngram-simple, ngram-mod, ...
+            cmd += ["--spec-type", spec_type]
         env = dict(os.environ)
         env["LD_LIBRARY_PATH"] = os.pathsep.join([str(p) for p in library_dirs(binary)]
                                                  + ([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else []))

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-SPECULATIVE = ("draft", "draft-pmin", "ngram", "suffix", "hybrid", "auto", "server-spec")
+SPECULATIVE = ("draft", "draft-pmin", "ngram", "suffix", "hybrid", "auto", "server-spec", "server-ngram",
+               "server-ngram-mod")
 
 
 def split_name(name: str) -> tuple[str, str]:
@@ -43,7 +44,7 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
     fig.savefig(p1, dpi=110)
     plt.close(fig)
 
-    spec = [m for m in methods if split_name(m)[0] in SPECULATIVE and m != "server-spec"]
+    spec = [m for m in methods if split_name(m)[0] in SPECULATIVE and not m.startswith("server")]
     ncol = min(4, len(cats))
     fig, axes = plt.subplots(math.ceil(len(cats) / ncol), ncol, figsize=(3.2 * ncol, 2.8 * math.ceil(len(cats) / ncol)),
                              sharey=True, squeeze=False)

@@ -8,8 +8,10 @@ other processes hits all of them alike; only ratios measured within one run are 
   ``hybrid``, ``auto``: specdec, one engine per GGUF backend in ``backends``; the first backend's runs
   are named by the method, the others' by ``method@backend`` (``auto@ik``), see :func:`variant`;
 - ``raw``: a raw llama-cpp-python loop on the same target (:mod:`specdec.bench.raw`), the floor;
-- ``server`` / ``server-spec``: llama.cpp's ``llama-server``, plain and with ``--model-draft``
-  (:mod:`specdec.bench.peer`), skipped with a note when no binary is found.
+- ``server`` / ``server-spec`` / ``server-ngram`` / ``server-ngram-mod``: llama.cpp's ``llama-server``,
+  plain, with ``--model-draft``, and with its prompt-lookup modes ``--spec-type ngram-simple`` and
+  ``ngram-mod`` (:mod:`specdec.bench.peer`, :data:`SERVER_MODES`), skipped with a note when no binary is
+  found.
 
 Each backend's score-cost curve ``S(n)`` is measured first (:func:`specdec.bench.probe.score_curve`,
 ``probe_repeats`` calls per size, n = 1..17). A warm-up generation per method comes next (not
@@ -33,7 +35,10 @@ from specdec.bench.prompts import CATEGORIES, WARMUP_PROMPT, BenchPrompt, load_p
 from specdec.params import SamplingParams, SpecConfig
 
 SPECDEC_METHODS = ("none", "draft", "draft-pmin", "ngram", "suffix", "hybrid", "auto")
-PEER_METHODS = ("raw", "server", "server-spec")
+SERVER_MODES = {"server": (False, None), "server-spec": (True, "draft-simple"),
+                "server-ngram": (False, "ngram-simple"), "server-ngram-mod": (False, "ngram-mod")}
+"""llama-server's modes in the bench: ``(uses the draft model, --spec-type)``."""
+PEER_METHODS = ("raw", *SERVER_MODES)
 METHODS = SPECDEC_METHODS + PEER_METHODS
 
 
@@ -175,11 +180,11 @@ class _Runner:
             else:
                 self.servers = {}
                 for m in peers:
+                    uses_draft, spec_type = SERVER_MODES[m]
                     self.servers[m] = LlamaServer(
-                        binary, self.target_path, self.draft_path if m == "server-spec" else None,
-                        draft_k=cfg.draft_k, n_ctx=cfg.n_ctx, n_threads=self.threads, log_path=out / f"{m}.log")
-                shown = self.servers.get("server-spec") or self.servers["server"]
-                notes.append("llama-server: " + " ".join(shown.cmd))
+                        binary, self.target_path, self.draft_path if uses_draft else None, draft_k=cfg.draft_k,
+                        n_ctx=cfg.n_ctx, n_threads=self.threads, log_path=out / f"{m}.log", spec_type=spec_type)
+                    notes.append(f"{m}: " + " ".join(self.servers[m].cmd))
 
     def run(self, method: str, ids: list[int], max_tokens: int, seed: int) -> dict:
         """One generation; returns the run's record (without prompt fields)."""

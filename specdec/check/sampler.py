@@ -6,8 +6,9 @@ joint distribution is compared with the EXACT one, computed from the target alon
 (:mod:`specdec.check.statistics`). The engine's first token comes from the prefill (a plain step), so
 ``depth = 3`` covers the first two tokens of the first speculative block.
 
-Numerics: llama.cpp's batched kernels give slightly different logits for different batch shapes, so
-each exact row is computed in a batch of the same shape as the engine's verification step
+Numerics: llama.cpp's batched kernels give slightly different logits for different batch shapes, and
+ik_llama.cpp's also for different KV cell placements, so each exact row is computed in a fresh
+sequence laid out like a sample's, in a batch of the same shape as the engine's verification step
 ([prefix] + filler, ``k+1`` tokens), which makes the rows the engine uses on the accepted path
 bit-identical to the exact ones. Samples share the prompt's KV cells through retained prefixes
 (:meth:`~specdec.backends.base.SequenceBook.retain`), so each evaluates only the prompt's last token.
@@ -37,27 +38,31 @@ def target_next_dist(engine, prompt_ids: Sequence[int], params: SamplingParams, 
     """Exact next-token distributions from the target alone, processed like plain decoding (temperature
     > 0: :func:`validate_check` refuses greedy settings).
 
-    Each row is evaluated in a batch shaped like the engine's in :func:`sample_prefixes` (the last
-    prompt token alone for the empty prefix; the prefix plus filler tokens, ``k+1`` in all, for the
-    others). The returned function has a ``close()`` that frees its sequence.
+    Each row is evaluated exactly where and how a sample's row is (:func:`sample_prefixes`): in a fresh
+    sequence that copies the prompt's cells from the retained prompt (call it inside
+    :func:`retained_prompt`), the last prompt token alone for the empty prefix, then the prefix plus
+    filler tokens, ``k+1`` in all, in the same cells a sample's verification call uses. Batch shape AND
+    KV cell placement both change the logits on some backends (ik_llama.cpp: up to 0.5 in a logit for the
+    same token at the same position in other cells; llama.cpp: batch shape only), so only rows computed
+    like the samples' are bit-identical to them. The returned function has a no-op ``close()``.
     """
-    cache = SequenceCache(engine.target)
     prompt = list(prompt_ids)
-    cache.score(prompt, 1)
-    root = cache.score(prompt, 1)  # the last prompt token alone, as sample_prefixes evaluates it
 
     def next_dist(prefix: tuple[int, ...]) -> np.ndarray:
-        if prefix:
-            batch = list(prefix) + [prefix[-1]] * max(0, k + 1 - len(prefix))
-            row = cache.score(prompt + batch, len(batch))[len(prefix) - 1 : len(prefix)]
-        else:
-            row = root
+        cache = SequenceCache(engine.target)
+        try:
+            row = cache.score(prompt, 1)  # the last prompt token alone (the prompt's other cells copied)
+            if prefix:
+                batch = list(prefix) + [prefix[-1]] * max(0, k + 1 - len(prefix))
+                row = cache.score(prompt + batch, len(batch))[len(prefix) - 1 : len(prefix)]
+        finally:
+            cache.free()
         # the engine's p: padding rows sliced off (they are never sampled), its end-of-generation ids
         state = SamplingState(params, prompt, engine.vocab_size, engine.info.eog_ids)
         state.extend(prefix)
         return state.probs(row[:, : engine.vocab_size])[0]
 
-    next_dist.close = cache.free  # type: ignore[attr-defined]
+    next_dist.close = lambda: None  # type: ignore[attr-defined]
     return next_dist
 
 
@@ -149,6 +154,7 @@ class CheckResult:
             f"largest cells        " + ", ".join(f"{c}/{e:.1f}" for c, e in self._top(5)) + " (observed/expected)",
             f"total variation      {f.tv:.4f} (sampling noise alone gives {f.tv_noise:.4f} on average)",
             f"chi-square           {f.chi2:.1f} on {f.dof} degrees of freedom, p-value {f.p_value:.4f}",
+            *([f"impossible samples   {f.impossible} outside the exact distribution's support"] if f.impossible else []),
             f"result               {'PASS' if self.passed else 'FAIL'} (alpha {self.alpha})",
         ])
 
@@ -187,10 +193,9 @@ def run_check(engine, prompt_ids: Sequence[int], params: SamplingParams, spec: S
         ValueError: for greedy ``params`` (nothing random to test), ``spec.k == 0``, or bad counts.
     """
     validate_check(params, spec, n_samples, depth, alpha)
-    next_dist = target_next_dist(engine, prompt_ids, params, spec.k)
-    try:
-        table = exact_cells(next_dist, depth, n_samples, engine.info.eog_ids)
-    finally:
-        next_dist.close()  # type: ignore[attr-defined]
-    seqs, stats = sample_prefixes(engine, prompt_ids, params, spec, n_samples, depth, progress)
+    with retained_prompt(engine, prompt_ids, spec):
+        table = exact_cells(target_next_dist(engine, prompt_ids, params, spec.k), depth, n_samples,
+                            engine.info.eog_ids)
+        seqs, stats = sample_prefixes(engine, prompt_ids, params, spec, n_samples, depth, progress,
+                                      reuse_prompt=False)
     return CheckResult(table=table, fit=goodness_of_fit(table, seqs), n_samples=n_samples, alpha=alpha, stats=stats)

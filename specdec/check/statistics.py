@@ -14,6 +14,7 @@ This module knows distributions and counts; it never runs a model (the sampler d
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -55,14 +56,15 @@ class CellTable:
     _inner: set[tuple[int, ...]]
 
     def cell_of(self, seq: Sequence[int]) -> int:
-        """The cell of a sampled sequence (``depth`` tokens, or fewer ending with ``EOG``)."""
+        """The cell of a sampled sequence (``depth`` tokens, or fewer ending with ``EOG``), or -1 when
+        the exact distribution gives it no mass (a token outside the support: top-k/top-p/min-p)."""
         node: tuple[int, ...] = ()
         for tok in seq:
             child = node + (int(tok),)
             if child in self._index:
                 return self._index[child]
             if child not in self._inner:
-                return self._index[(node, _kind(node, int(tok)))]
+                return self._index.get((node, _kind(node, int(tok))), -1)
             node = child
         raise AssertionError(f"sequence {seq} is shorter than depth {self.depth} and does not end")
 
@@ -146,6 +148,7 @@ class Fit:
         p_value: ``P(chi2_dof >= chi2)``.
         tv: Total-variation distance between the empirical and the exact cell distribution.
         tv_noise: Mean TV of ``N`` exact samples (what sampling noise alone gives), by simulation.
+        impossible: Samples the exact distribution gives no mass (any makes the p-value 0).
     """
 
     counts: np.ndarray
@@ -154,6 +157,7 @@ class Fit:
     p_value: float
     tv: float
     tv_noise: float
+    impossible: int = 0
 
 
 def goodness_of_fit(table: CellTable, seqs: Sequence[Sequence[int]]) -> Fit:
@@ -161,11 +165,14 @@ def goodness_of_fit(table: CellTable, seqs: Sequence[Sequence[int]]) -> Fit:
     from scipy import stats
 
     n = len(seqs)
-    counts = np.bincount([table.cell_of(s) for s in seqs], minlength=len(table.probs))
+    cells = np.array([table.cell_of(s) for s in seqs], dtype=np.int64)
+    impossible = int((cells < 0).sum())
+    counts = np.bincount(cells[cells >= 0], minlength=len(table.probs))
     expected = n * table.probs
-    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    chi2 = float(((counts - expected) ** 2 / expected).sum()) if not impossible else math.inf
     dof = max(len(counts) - 1, 1)
-    tv = 0.5 * float(np.abs(counts / n - table.probs).sum())
+    tv = 0.5 * (float(np.abs(counts / n - table.probs).sum()) + impossible / n)
     sim = np.random.default_rng(0).multinomial(n, table.probs, size=200) / n
     tv_noise = 0.5 * float(np.abs(sim - table.probs).sum(axis=1).mean())
-    return Fit(counts=counts, chi2=chi2, dof=dof, p_value=float(stats.chi2.sf(chi2, dof)), tv=tv, tv_noise=tv_noise)
+    return Fit(counts=counts, chi2=chi2, dof=dof, p_value=float(stats.chi2.sf(chi2, dof)), tv=tv, tv_noise=tv_noise,
+               impossible=impossible)

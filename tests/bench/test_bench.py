@@ -14,7 +14,7 @@ from conftest import IK
 
 from specdec.bench.peer import find_llama_server
 from specdec.bench.prompts import CATEGORIES, default_data_dir, load_prompts
-from specdec.bench.runner import SPECDEC_METHODS, BenchConfig, run_bench
+from specdec.bench.runner import PEER_METHODS, SERVER_MODES, SPECDEC_METHODS, BenchConfig, run_bench
 from specdec.cli import main
 
 SPEC_BENCH_ROWS = [
@@ -50,7 +50,7 @@ BACKENDS = ("llama.cpp", "ik_llama.cpp") if IK else ("llama.cpp",)
 @pytest.fixture(scope="module")
 def smoke(tiny_target_path, tiny_draft_path, data_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench_out")
-    methods = SPECDEC_METHODS + ("raw",) + (("server", "server-spec") if find_llama_server() else ())
+    methods = SPECDEC_METHODS + ("raw",) + (tuple(SERVER_MODES) if find_llama_server() else ())
     cfg = BenchConfig(target=str(tiny_target_path), draft=str(tiny_draft_path), data_dir=str(data_dir),
                       per_category=1, max_tokens=6, n_ctx=512, methods=methods, out_dir=str(out), progress=False,
                       threads=1,  # one thread: a loaded CI machine stalls llama.cpp thread barriers
@@ -117,7 +117,7 @@ def test_bench_runs_every_backend_and_reports_its_score_curve(smoke):
     md = (out / "bench.md").read_text()
     assert "## S(n)" in md and all(f"| {b} |" in md for b in BACKENDS)
     for r in doc["runs"]:
-        assert r["backend"] == (None if r["method"] in ("raw", "server", "server-spec")
+        assert r["backend"] == (None if r["method"] in PEER_METHODS
                                 else "ik_llama.cpp" if r["method"].endswith("@ik") else "llama.cpp")
     if len(BACKENDS) > 1:
         rows = {(r["category"], r["method"]): r for r in doc["summary"]}
@@ -140,6 +140,9 @@ def test_bench_peer_runs_when_llama_server_exists(smoke):
     spec = [r for r in doc["runs"] if r["method"] == "server-spec"]
     assert spec and all(r["new_tokens"] >= 1 for r in spec)
     assert sum(r["proposed"] for r in spec) > 0  # the server really speculated
+    for mode in ("server-ngram", "server-ngram-mod"):  # its prompt-lookup modes start and decode
+        runs = [r for r in doc["runs"] if r["method"] == mode]
+        assert runs and all(r["new_tokens"] >= 1 for r in runs), mode
 
 
 def test_load_prompts_picks_each_category(data_dir):

@@ -99,3 +99,19 @@ def test_prompt_cache_reuse_gives_the_same_samples(models, method, gguf_backend)
         reused = sample_prefixes(eng, ids, params, spec, 30, 3)
         assert fresh == reused
         assert target.sequences == () and draft.sequences == ()
+
+
+def test_a_sample_outside_the_exact_support_fails_the_check_instead_of_crashing():
+    """A sampled token the exact distribution gives no mass (e.g. across a min-p cut) is counted as
+    impossible: p-value 0, FAIL, and the report says so (it used to raise KeyError)."""
+    import numpy as np
+
+    from specdec.check import exact_cells, goodness_of_fit
+
+    p = np.zeros(8)
+    p[[1, 2]] = [0.6, 0.4]  # tokens 0 and 3..7 have no mass
+    table = exact_cells(lambda prefix: p, 1, 100, eog_ids=[7])
+    ok = goodness_of_fit(table, [(1,)] * 60 + [(2,)] * 40)
+    assert ok.impossible == 0 and ok.p_value > 0.5
+    bad = goodness_of_fit(table, [(1,)] * 59 + [(2,)] * 40 + [(3,)])
+    assert bad.impossible == 1 and bad.p_value == 0.0 and bad.tv >= 0.005
