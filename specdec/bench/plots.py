@@ -65,3 +65,34 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
     fig.savefig(p2, dpi=110)
     plt.close(fig)
     return [p1, p2]
+
+
+def score_curve_plot(curves: dict[str, dict], out: Path) -> Path | None:
+    """``score_curves.png``: each backend's ``S(n)`` (ms to score n tokens in one call) and ``S(n)/S(1)``
+    against n, from the bench's probe (``curves``: backend -> {n: seconds}); None when there are none."""
+    if not curves:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for b, c in curves.items():
+        pts = sorted((int(n), float(v)) for n, v in c.items() if v is not None)
+        if not pts:
+            continue
+        n, s = np.array([p[0] for p in pts]), np.array([p[1] for p in pts]) * 1000
+        axes[0].plot(n, s, marker="o", markersize=3, label=b)
+        axes[1].plot(n, s / s[0], marker="o", markersize=3, label=b)
+    axes[1].plot([1, 17], [1, 17], ls=":", color="grey", label="n single calls")
+    for ax, title in zip(axes, ("S(n), ms", "S(n) / S(1)")):
+        ax.set_title(title)
+        ax.set_xlabel("tokens scored in one call (n)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "score_curves.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

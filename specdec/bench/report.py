@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec.adaptive import CostModel, TimingTable
-from specdec.bench.plots import plots, split_name
+from specdec.bench.plots import plots, score_curve_plot, split_name
 from specdec.stats import acceptance_rate, mean_accepted_length
 
 
@@ -214,7 +214,8 @@ def write_outputs(doc: dict, out: Path) -> None:
     doc["summary"] = rows
     doc["outputs"] = {"json": str(out / "bench.json"), "markdown": str(out / "bench.md")}
     (out / "bench.md").write_text(markdown(doc, rows), encoding="utf-8")
-    doc["outputs"]["plots"] = [str(p) for p in plots(rows, out)]
+    curve = score_curve_plot(doc.get("score_curves") or {}, out)
+    doc["outputs"]["plots"] = [str(p) for p in plots(rows, out)] + ([str(curve)] if curve else [])
     with open(out / "bench.json", "w", encoding="utf-8") as f:
         json.dump(json_safe(doc), f, indent=1)
 

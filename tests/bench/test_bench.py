@@ -60,7 +60,8 @@ def smoke(tiny_target_path, tiny_draft_path, data_dir, tmp_path_factory):
 
 def test_bench_writes_well_formed_outputs(smoke):
     cfg, doc, out = smoke
-    for name in ("bench.json", "bench.md", "speedup_by_category.png", "acceptance_by_position.png"):
+    for name in ("bench.json", "bench.md", "speedup_by_category.png", "acceptance_by_position.png",
+                 "score_curves.png"):
         assert (out / name).stat().st_size > 0
     for png in out.glob("*.png"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
