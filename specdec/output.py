@@ -23,7 +23,7 @@ import numpy as np
 from specdec.params import SamplingParams
 from specdec.sampling import token_logprob
 from specdec.stats import GenerationStats
-from specdec.types import GenerationResult, TokenLogprob
+from specdec.types import GenerationResult, TokenLogprob, TokenProvenance, TokenSource
 
 
 class TextAssembler:
@@ -78,6 +78,8 @@ class StreamChunk:
             or a UTF-8 character is incomplete).
         token_ids: Tokens committed in this chunk.
         accepted: One flag per token of ``token_ids``: True where a draft token was accepted.
+        provenance: One entry per token of ``token_ids``: its source and the characters of the whole
+            text (not only of this chunk's ``text``) it produced.
         finish_reason: Set on the last chunk only: ``"stop"`` or ``"length"``.
         result: Set on the last chunk only: the whole generation.
         logprobs: One entry per token of ``token_ids`` when ``SamplingParams.logprobs``, else None.
@@ -86,13 +88,14 @@ class StreamChunk:
     text: str
     token_ids: list[int] = field(default_factory=list)
     accepted: list[bool] = field(default_factory=list)
+    provenance: list[TokenProvenance] = field(default_factory=list)
     finish_reason: str | None = None
     result: GenerationResult | None = None
     logprobs: list[TokenLogprob] | None = None
 
 
 class Output:
-    """One request's output stage: text with stop strings, accepted flags, logprobs, chunks, result.
+    """One request's output stage: text with stop strings, provenance, logprobs, chunks, result.
 
     Args:
         token_bytes: Maps a token id to its raw bytes (the target's detokenizer).
@@ -104,15 +107,17 @@ class Output:
         self.text = TextAssembler(token_bytes, params.stop)
         self.token_ids: list[int] = []
         self.accepted_mask: list[bool] = []
+        self.provenance: list[TokenProvenance] = []
         self.logprobs: list[TokenLogprob] | None = [] if params.logprobs else None
         self._sent = 0  # tokens handed out in chunks
 
-    def add(self, token_id: int, accepted: bool, logits: np.ndarray) -> bool:
+    def add(self, token_id: int, source: TokenSource, logits: np.ndarray) -> bool:
         """Append one committed generated token.
 
         Args:
             token_id: The token (never an end-of-generation token).
-            accepted: True when it is an accepted draft token (False: recovered or bonus).
+            source: Where it came from (an accepted draft token, or the target's recovered, bonus or
+                plain token).
             logits: ``[V] float32`` the target's raw logits of the position that produced it (for logprobs:
                 always the target's row, so speculation never changes them).
 
@@ -120,10 +125,13 @@ class Output:
             True when a stop string now occurs (the text is cut before it; generation must stop).
         """
         self.token_ids.append(token_id)
-        self.accepted_mask.append(accepted)
+        self.accepted_mask.append(source.accepted)
         if self.logprobs is not None:
             self.logprobs.append(token_logprob(logits, token_id, self.params.top_logprobs))
-        return self.text.add(token_id)
+        start = len(self.text.text)
+        stopped = self.text.add(token_id)
+        self.provenance.append(TokenProvenance(token_id, source, start, max(0, len(self.text.text) - start)))
+        return stopped
 
     def chunk(self, finish_reason: str | None, stats: GenerationStats) -> StreamChunk:
         """The chunk of tokens and text since the previous one; with ``finish_reason`` the last one,
@@ -135,6 +143,7 @@ class Output:
             text=self.text.take_delta(final=finish_reason is not None),
             token_ids=self.token_ids[lo:],
             accepted=self.accepted_mask[lo:],
+            provenance=self.provenance[lo:],
             logprobs=None if self.logprobs is None else self.logprobs[lo:],
         )
         if finish_reason is not None:
@@ -142,5 +151,6 @@ class Output:
             chunk.result = GenerationResult(
                 text=self.text.text, token_ids=list(self.token_ids), finish_reason=finish_reason,  # type: ignore[arg-type]
                 stats=stats, accepted_mask=self.accepted_mask, logprobs=self.logprobs,
+                provenance=self.provenance,
             )
         return chunk

@@ -25,7 +25,7 @@ from specdec.params import SamplingParams
 from specdec.proposers.base import EMPTY_PROPOSAL, Outcome, Proposal, Proposer
 from specdec.sampling import SamplingState, make_rng
 from specdec.stats import GenerationStats
-from specdec.types import ModelInfo
+from specdec.types import ModelInfo, TokenKind, TokenSource
 from specdec.verify import Draft, NoiseDraws, PositionNoise, RandomDraws, TargetRows, Verifier, VerifyResult
 
 
@@ -36,7 +36,7 @@ RECENT_WEIGHT = 0.5
 class TokenSink(Protocol):
     """Where committed generated tokens go (the request's :class:`~specdec.output.Output`)."""
 
-    def add(self, token_id: int, accepted: bool, logits: np.ndarray) -> bool:
+    def add(self, token_id: int, source: TokenSource, logits: np.ndarray) -> bool:
         """Take one token; True when a stop string ended the text."""
 
 
@@ -229,6 +229,7 @@ class SequenceState:
         self._release_aux()
         block = result.tokens(drafts)
         kept = 0
+        step, kind = self.stats.target_calls, plan.proposal.kind if drafts else None
         for i, tok in enumerate(block):
             kept += 1
             self.context.append(tok)
@@ -237,7 +238,8 @@ class SequenceState:
                 break
             self.n_generated += 1
             self.sampling.extend((tok,))
-            if self.sink.add(tok, i < result.num_accepted, rows[j].logits[i]):
+            source = TokenSource(_token_kind(i, result.num_accepted, len(drafts)), kind, step, len(drafts))
+            if self.sink.add(tok, source, rows[j].logits[i]):
                 self._finish("stop")
             elif self.n_generated >= self.params.max_tokens or len(self.context) >= self.model.n_ctx:
                 self._finish("length")
@@ -284,3 +286,13 @@ class SequenceState:
         if self.proposer is not None:
             self.proposer.close()
             self.proposer = None
+
+
+def _token_kind(i: int, accepted: int, proposed: int) -> TokenKind:
+    """The kind of the ``i``-th token (0-based) of a committed block that accepted ``accepted`` of
+    ``proposed`` drafts: the accepted drafts, then the target's own token."""
+    if i < accepted:
+        return "accepted"
+    if not proposed:
+        return "plain"
+    return "bonus" if accepted == proposed else "recovered"

@@ -10,6 +10,8 @@ Terms (used with these meanings everywhere in the project):
 - **accepted** tokens: draft tokens the verifier kept (Leviathan et al. 2023, arXiv 2211.17192, Alg. 1).
 - **recovered** token: the token sampled from ``norm(max(0, p - q))`` after the first rejection.
 - **bonus** token: the token sampled from ``p`` at position ``k+1`` when all ``k`` drafts are accepted.
+- **plain** token: the target's token of a step that verified no drafts (plain decoding, the prompt's
+  first token, a step where the proposer had nothing); the ``k = 0`` case of a bonus token.
 - **acceptance rate** = accepted / proposed.
 - **mean accepted length** = tokens committed per target call, the recovered or bonus token included
   (as Spec-Bench counts it); plain decoding has mean accepted length 1.
@@ -45,6 +47,54 @@ class ModelInfo:
     eog_ids: frozenset[int]
 
 
+TokenKind = Literal["accepted", "recovered", "bonus", "plain"]
+"""Where a committed token came from (terms above): an accepted draft token, or the target's own token
+after a rejection (recovered), after a fully accepted block (bonus) or on a step without drafts (plain)."""
+
+
+@dataclass(frozen=True)
+class TokenSource:
+    """The provenance of one committed token.
+
+    Attributes:
+        kind: See :data:`TokenKind`.
+        drafter: The kind of proposal the token's step verified (``Proposal.kind``: ``"draft"``,
+            ``"ngram3"``, ``"suffix"``, ...; ``None`` when the proposer names none or on a plain step).
+        step: The target call that committed it, 0-based within the generation (0: the prompt's last
+            call); tokens of one step were committed together.
+        proposed: Drafts that step verified (0 on a plain step).
+    """
+
+    kind: TokenKind
+    drafter: str | None = None
+    step: int = 0
+    proposed: int = 0
+
+    @property
+    def accepted(self) -> bool:
+        """True for an accepted draft token."""
+        return self.kind == "accepted"
+
+
+@dataclass(frozen=True)
+class TokenProvenance:
+    """A committed token's source and the characters of the output text it produced.
+
+    Attributes:
+        token_id: The token.
+        source: Where it came from.
+        offset: Index in the generation's text (Unicode code points) of its first character.
+        length: Characters it completed, code points (0 for the first bytes of a character that a later
+            token completes). Where a stop string cut the text, the spans of the tokens that wrote it reach
+            past the text's end.
+    """
+
+    token_id: int
+    source: TokenSource
+    offset: int
+    length: int
+
+
 @dataclass(frozen=True)
 class TokenLogprob:
     """Log-probabilities at one generated position (see ``SamplingParams.logprobs`` for which
@@ -74,6 +124,7 @@ class GenerationResult:
         stats: Counters and timings.
         accepted_mask: One flag per token of ``token_ids``: True where a draft token was accepted.
         logprobs: One entry per token of ``token_ids`` when ``SamplingParams.logprobs``, else None.
+        provenance: One entry per token of ``token_ids``: where it came from and the text it produced.
     """
 
     text: str
@@ -82,3 +133,4 @@ class GenerationResult:
     stats: GenerationStats
     accepted_mask: list[bool] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
+    provenance: list[TokenProvenance] = field(default_factory=list)
