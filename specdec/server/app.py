@@ -8,6 +8,9 @@ scheduler drains and the process exits. Models are fixed at start-up; a request 
 Streaming follows OpenAI's chunk format exactly: for chat, a first chunk with ``delta.role``, then
 ``delta.content`` chunks, then one with ``finish_reason`` (and, as an extension, ``speculative``), a
 ``usage`` chunk with empty ``choices`` when ``stream_options.include_usage``, then ``data: [DONE]``.
+A request with ``speculative.provenance`` gets each token's provenance on its content chunks
+(:mod:`specdec.server.provenance`). The playground page (:mod:`specdec.server.playground`) is served at
+``/`` and ``/playground``.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from specdec.metrics import ServerMetrics
 from specdec.prefill import check_chunk_tokens
 from specdec.scheduler import Scheduler
-from specdec.server import logprobs, serving
+from specdec.server import logprobs, playground, provenance, serving
 from specdec.server.access import AccessMiddleware
 from specdec.server.errors import APIError, error_body, install_error_handlers
 from specdec.server.protocol import (
@@ -112,6 +115,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
 
     app = FastAPI(title="specdec", summary="OpenAI-compatible speculative decoding server", lifespan=lifespan)
     install_error_handlers(app)
+    app.include_router(playground.router)
     app.add_middleware(AccessMiddleware, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
                        allowed_hosts=config.allowed_hosts, metrics_public=config.metrics_public)
 
@@ -165,19 +169,22 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         choices = await start(req, prompts, kwargs, spec, default_max=16)
         head = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": config.model_name}
         offsets = [logprobs.TextOffsets() for _ in choices.jobs]
+        prov = provenance.wanted(req)
 
-        def choice(i: int, text: str, lps, finish: str | None) -> CompletionChunkChoice:
+        def choice(i: int, text: str, lps, finish: str | None, toks=None) -> CompletionChunkChoice:
             lp = logprobs.completion_logprobs(engine, lps, offsets[i])
-            return CompletionChunkChoice(index=i, text=text, logprobs=lp, finish_reason=finish)
+            return CompletionChunkChoice(index=i, text=text, logprobs=lp, finish_reason=finish,
+                                         provenance=provenance.wire(toks) if prov and toks is not None else None)
 
         if req.stream:
             return _sse(_stream(choices, req, lambda **kw: CompletionChunk(**head, **kw), prompts, spec,
-                                content=lambda i, ev: choice(i, ev.text, ev.logprobs, None),
+                                content=lambda i, ev: choice(i, ev.text, ev.logprobs, None, ev.provenance),
                                 final=lambda i, reason: choice(i, "", None, reason), first=None))
         results = await _collect(choices, raw)
         return CompletionResponse(
             **head, usage=serving.usage(prompts, results), speculative=serving.speculative_stats(spec, results),
-            choices=[choice(i, r.text, r.logprobs, r.finish_reason).model_dump() for i, r in enumerate(results)],
+            choices=[choice(i, r.text, r.logprobs, r.finish_reason, r.provenance).model_dump()
+                     for i, r in enumerate(results)],
         )
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS)
@@ -187,12 +194,15 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         choices = await start(req, prompts, kwargs, spec, default_max=None)
         head = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": config.model_name}
 
-        def delta(i: int, d: Delta, lps=None, finish: str | None = None) -> ChatChunkChoice:
-            return ChatChunkChoice(index=i, delta=d, logprobs=logprobs.chat_logprobs(engine, lps), finish_reason=finish)
+        prov = provenance.wanted(req)
+
+        def delta(i: int, d: Delta, lps=None, finish: str | None = None, toks=None) -> ChatChunkChoice:
+            return ChatChunkChoice(index=i, delta=d, logprobs=logprobs.chat_logprobs(engine, lps), finish_reason=finish,
+                                   provenance=provenance.wire(toks) if prov and toks is not None else None)
 
         if req.stream:
             return _sse(_stream(choices, req, lambda **kw: ChatCompletionChunk(**head, **kw), prompts, spec,
-                                content=lambda i, ev: delta(i, Delta(content=ev.text), ev.logprobs),
+                                content=lambda i, ev: delta(i, Delta(content=ev.text), ev.logprobs, None, ev.provenance),
                                 final=lambda i, reason: delta(i, Delta(), None, reason),
                                 first=lambda i: delta(i, Delta(role="assistant", content=""))))
         results = await _collect(choices, raw)
@@ -200,7 +210,9 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
             **head, usage=serving.usage(prompts, results),
             speculative=serving.speculative_stats(spec, results),
             choices=[{"index": i, "message": {"content": r.text}, "finish_reason": r.finish_reason,
-                      "logprobs": logprobs.chat_logprobs(engine, r.logprobs)} for i, r in enumerate(results)],
+                      "logprobs": logprobs.chat_logprobs(engine, r.logprobs),
+                      **({"provenance": provenance.wire(r.provenance)} if prov else {})}
+                     for i, r in enumerate(results)],
         )
 
     return app
@@ -246,6 +258,7 @@ async def _stream(choices: serving.Choices, req, chunk, prompts, spec, content, 
         first: ``index -> choice`` sent before anything else (chat's role delta), or ``None``.
     """
     include_usage = req.stream_options is not None and req.stream_options.include_usage
+    prov = provenance.wanted(req)
     extra = {"usage": None} if include_usage else {}
     results = [None] * len(choices.jobs)
     try:
@@ -258,7 +271,8 @@ async def _stream(choices: serving.Choices, req, chunk, prompts, spec, content, 
                 e = serving.engine_error(ev)
                 yield error_body(e.status, e.message, e.param, e.code, e.type)
                 break
-            if ev.text or ev.logprobs:  # logprobs of tokens whose text is held back still go out
+            # logprobs and provenance of tokens whose text is held back still go out
+            if ev.text or ev.logprobs or (prov and ev.provenance):
                 yield chunk(choices=[content(i, ev)], **extra).wire()
             if ev.finish_reason is not None:
                 results[i] = ev.result

@@ -4,8 +4,9 @@ Requests follow OpenAI's Completions and Chat Completions APIs. Fields of
 :class:`~specdec.types.SamplingParams` that OpenAI does not define (``top_k``, and whatever the engine
 adds) are accepted by name as extra fields and validated against the dataclass's type hints, so new
 sampling parameters reach the engine without changes here. The extension object ``speculative``
-(request: method, num_speculative_tokens; response: proposed, accepted, mean accepted length) is
-ignored by clients that do not know it.
+(request: method, num_speculative_tokens, provenance; response: proposed, accepted, mean accepted
+length) and the per-choice ``provenance`` list (:class:`TokenProvenanceOut`, only when asked for) are
+ignored by clients that do not know them.
 
 This module knows the wire format only; it does not know the engine or the scheduler.
 """
@@ -39,6 +40,7 @@ class SpeculativeOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     method: str | None = Field(None, description="A SpecConfig method: draft, ngram, suffix, hybrid, auto or none.")
     num_speculative_tokens: int | None = Field(None, ge=0, le=MAX_SPECULATIVE_TOKENS)
+    provenance: bool = Field(False, description="Add per-token provenance to each choice (see TokenProvenanceOut).")
 
 
 class _GenerationRequest(_Lenient):
@@ -124,7 +126,38 @@ class SpeculativeStats(BaseModel):
     target_calls: int
 
 
-class CompletionChoice(BaseModel):
+class TokenProvenanceOut(BaseModel):
+    """Extension: where one generated token came from (terms as in :mod:`specdec.types`)."""
+
+    token_id: int
+    source: Literal["accepted", "recovered", "bonus", "plain"] = Field(
+        description="accepted: a draft token the target accepted; recovered: the target's token after a "
+        "rejection; bonus: the target's token after a fully accepted block; plain: the target's token of a "
+        "step without drafts.")
+    drafter: str | None = Field(description="The kind of proposal of its step (draft, ngram3, suffix, ...), "
+                                "null when unnamed or on a plain step.")
+    step: int = Field(description="The target call that committed it, 0-based; one step's tokens arrive together.")
+    proposed: int = Field(description="Drafts its step verified.")
+    offset: int = Field(description="Index in the choice's whole text, Unicode code points, of its first character.")
+    length: int = Field(description="Characters (code points) it completed; spans cut by a stop string "
+                        "reach past the text's end.")
+
+
+class _ChoiceBase(BaseModel):
+    """A choice whose ``provenance`` (extension) is left out unless the request asked for it."""
+
+    provenance: list[TokenProvenanceOut] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_unasked(self, handler):
+        data = handler(self)
+        provenance = data.pop("provenance", None)
+        if provenance is not None:
+            data["provenance"] = provenance  # last, after OpenAI's own fields
+        return data
+
+
+class CompletionChoice(_ChoiceBase):
     index: int
     text: str
     logprobs: Any = None
@@ -146,7 +179,7 @@ class AssistantMessage(BaseModel):
     content: str
 
 
-class ChatChoice(BaseModel):
+class ChatChoice(_ChoiceBase):
     index: int
     message: AssistantMessage
     logprobs: Any = None
@@ -177,14 +210,14 @@ class Delta(BaseModel):
         return {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
 
 
-class ChatChunkChoice(BaseModel):
+class ChatChunkChoice(_ChoiceBase):
     index: int
     delta: Delta
     logprobs: Any = None
     finish_reason: str | None = None
 
 
-class CompletionChunkChoice(BaseModel):
+class CompletionChunkChoice(_ChoiceBase):
     index: int
     text: str
     logprobs: Any = None
