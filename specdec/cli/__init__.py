@@ -43,6 +43,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``specdec`` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
     from specdec.backends.base import BackendError
+    from specdec.distribution import clash
+
+    warning = clash()
+    if warning:
+        print(f"specdec: warning: {warning}", file=sys.stderr)
 
     from specdec.scheduler import SchedulerDiedError
 
