@@ -4,7 +4,8 @@ provenance marks and the live figures, press Stop (the server must cancel the re
 plain decoding.
 
 Needs ``apt-get install -y chromium`` and ``pip install playwright`` (the ``[playground]`` extra);
-skipped with the reason otherwise. ``SPECDEC_CHROMIUM`` names another Chromium binary.
+skipped with the reason otherwise, or failed when ``SPECDEC_REQUIRE_BROWSER`` is set (CI sets it).
+``SPECDEC_CHROMIUM`` names another Chromium binary.
 """
 
 import os
@@ -17,10 +18,24 @@ from server_helpers import LONG, LiveServer, no_leaked_sequences, tiny_engine, w
 pytestmark = pytest.mark.browser
 
 CHROMIUM = os.environ.get("SPECDEC_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: pip install -e '.[playground]'")
-if not os.path.exists(CHROMIUM):
-    pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install -y chromium (or set SPECDEC_CHROMIUM)",
-                allow_module_level=True)
+
+
+def _missing() -> str | None:
+    """Why the test cannot run here, or None."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed: pip install -e '.[playground]'"
+    if not os.path.exists(CHROMIUM):
+        return f"no Chromium at {CHROMIUM}: apt-get install -y chromium (or set SPECDEC_CHROMIUM)"
+    return None
+
+
+if _missing() is not None:
+    if os.environ.get("SPECDEC_REQUIRE_BROWSER"):
+        pytest.fail(f"SPECDEC_REQUIRE_BROWSER is set but {_missing()}", pytrace=False)
+    pytest.skip(_missing(), allow_module_level=True)
+from playwright import sync_api  # noqa: E402
 
 
 @pytest.fixture(scope="module")
