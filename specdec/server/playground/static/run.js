@@ -208,6 +208,9 @@ function drawChart(canvas, byPos) {
   byPos.forEach((pos, j) => {
     const rate = pos.accepted / pos.proposed;
     const x = left + j * slot + (slot - bw) / 2;
+    g.globalAlpha = 0.35;  // the frame of a position that had drafts, so that 0% shows too
+    g.strokeRect(x + 0.5, top + 0.5, bw - 1, bottom - top - 1);
+    g.globalAlpha = 1;
     g.fillStyle = bar;
     g.fillRect(x, bottom - rate * (bottom - top), bw, rate * (bottom - top));
     g.fillStyle = ink;
