@@ -93,7 +93,7 @@ def test_stream_marks_and_stop(page, server):
         fill(page, LONG)
         page.click("#generate")
         page.wait_for_selector('#run-spec .text .tok[data-source="bonus"]', timeout=30_000)
-        page.wait_for_function("document.querySelectorAll('#run-spec .text .tok').length >= 12", timeout=30_000)
+        wait_js(page, "document.querySelectorAll('#run-spec .text .tok').length >= 12")
         assert page.get_attribute("#run-spec", "data-state") == "running"
         assert page.is_enabled("#stop") and not page.is_enabled("#generate")
         # one span per token that wrote characters (the tiny model writes random bytes: a token may only
@@ -105,7 +105,7 @@ def test_stream_marks_and_stop(page, server):
         assert "accepted draft token" in title and "step 1" in title
         assert page.inner_text("#run-spec .rate") == "100.0%"  # self-speculation accepts everything
         assert float(page.inner_text("#run-spec .mal")) > 2
-        page.wait_for_function("document.querySelector('#run-spec .tps').textContent !== '–'")
+        wait_js(page, "document.querySelector('#run-spec .tps').textContent !== '–'")
         assert chart_ink(page, "#run-spec .chart") > 0
 
         page.click("#stop")
@@ -138,6 +138,12 @@ def test_server_error_is_shown(page):
     page.wait_for_selector("#error:not([hidden])", timeout=30_000)
     assert "max_tokens" in page.inner_text("#error")
     assert page.get_attribute("#run-spec", "data-state") == "error"
+
+
+def wait_js(page, expression: str, timeout: float = 30.0) -> None:
+    """Poll a JavaScript expression from here until true (the page's Content-Security-Policy forbids the
+    in-page evaluation that Playwright's ``wait_for_function`` uses)."""
+    wait_until(lambda: page.evaluate(expression), timeout, expression)
 
 
 def chart_ink(page, selector: str) -> int:
