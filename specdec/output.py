@@ -1,5 +1,6 @@
 """The output stage: what the user sees of a request. Committed tokens become text (incrementally, with
-stop strings), logprobs, stream chunks and, at the end, the result.
+stop strings), logprobs, provenance (each token's source and the characters it wrote), stream chunks and,
+at the end, the result.
 
 The speculative step pushes every committed token into the request's :class:`Output`
 (:meth:`Output.add`), which answers whether a stop string ended the text; the driver (engine loop or

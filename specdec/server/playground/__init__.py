@@ -48,10 +48,13 @@ def static_text(name: str) -> str:
 @router.get("/")
 @router.get("/playground")
 async def page() -> Response:
+    """The playground's page (HTML)."""
     return Response(static_text("index.html"), media_type="text/html; charset=utf-8", headers=HEADERS)
 
 
 def _static_route(name: str, media_type: str) -> None:
+    """Serve ``static/NAME`` at ``/playground/NAME`` (a fixed list of names: no path from the request
+    reaches the file system)."""
     @router.get(f"/playground/{name}")
     async def static() -> Response:
         return Response(static_text(name), media_type=media_type, headers=HEADERS)
