@@ -156,8 +156,15 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
+CALL_SIZES = tuple(range(1, 17)) + (24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072,
+                                    4096)
+"""The call sizes (tokens) at which ``specdec_target_call_seconds`` is exported: every size a speculative
+step uses alone (1..16), then a geometric grid for batched calls and prefill chunks, so the number of
+series stays bounded (at most 32 per mode) however many sizes the cost model has measured."""
+
+
 class _CostCollector:
-    """Exports the cost model's ``S(n)`` at scrape time."""
+    """Exports the cost model's ``S(n)`` at scrape time, at :data:`CALL_SIZES`."""
 
     def __init__(self, cost):
         self.cost = cost
@@ -166,10 +173,16 @@ class _CostCollector:
         g = GaugeMetricFamily(
             "specdec_target_call_seconds", "The cost model's S(n): smoothed wall seconds of one target call that "
             "scores n tokens in all (every sequence of a batched call counted, verification included), by "
-            "decoding mode; what method auto weighs drafts against. Measured sizes only.",
+            "decoding mode; what method auto weighs drafts against. Sizes 1-16 where measured; larger sizes "
+            "on a fixed grid (24, 32, 48, ..., 4096) within the measured range, interpolated between the "
+            "measured sizes around them.",
             labels=["tokens", "mode"])
         for greedy, table in self.cost.target.items():
-            snap = table.snapshot()
-            for n, seconds in snap["S"].items():
-                g.add_metric([str(n), "greedy" if greedy else "sampling"], seconds)
+            measured = table.count.nonzero()[0]
+            if not measured.size:
+                continue
+            largest = int(measured.max())
+            for n in CALL_SIZES:
+                if (n <= 16 and table.count[n]) or (16 < n <= largest and n >= measured.min()):
+                    g.add_metric([str(n), "greedy" if greedy else "sampling"], table.estimate(n))
         yield g

@@ -219,10 +219,31 @@ def test_auto_learns_call_costs_under_batching(tiny_target_path, tiny_draft_path
     sizes = [n for n in batched if n <= 65]
     assert len(sizes) >= 5, "requests shared target calls"
     assert all(counts[n] > 0 for n in sizes)  # each batched call was learned, by its total tokens
-    n = int(counts.nonzero()[0].max())
+    table = engine.cost.target[True]
+    n = max(m for m in range(1, 17) if counts[m])
     exported = sched.metrics.registry.get_sample_value("specdec_target_call_seconds",
                                                        {"tokens": str(n), "mode": "greedy"})
-    assert exported == pytest.approx(engine.cost.target[True].mean[n])
+    assert exported == pytest.approx(table.mean[n])
+
+
+def test_target_call_metric_is_bounded():
+    """/metrics exports S(n) at a fixed set of sizes, however many sizes were measured (chunked prefill
+    measures hundreds): sizes 1-16 as measured, the grid beyond interpolated within the measured range."""
+    from specdec.adaptive import CostModel
+    from specdec.metrics import CALL_SIZES
+
+    cost = CostModel()
+    table = cost.target[True]
+    for n in list(range(1, 9)) + list(range(20, 3000, 7)):
+        table.observe(n, 0.03 + 0.001 * n)
+    metrics = ServerMetrics(cost=cost)
+    text = metrics.render().decode()
+    series = [line for line in text.splitlines() if line.startswith("specdec_target_call_seconds{")]
+    sizes = sorted(int(line.split('tokens="')[1].split('"')[0]) for line in series)
+    assert sizes == [n for n in CALL_SIZES if n <= 8 or 24 <= n <= 2998]
+    for n in (4, 64, 1024):
+        value = metrics.registry.get_sample_value("specdec_target_call_seconds", {"tokens": str(n), "mode": "greedy"})
+        assert value == pytest.approx(0.03 + 0.001 * n)
 
 
 # -- the loop never dies silently (issue 13, defect 5) ---------------------------------------------
