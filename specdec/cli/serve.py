@@ -1,4 +1,10 @@
-"""``specdec serve``: load the models, then serve the OpenAI-compatible API until SIGINT/SIGTERM."""
+"""``specdec serve``: load the models, then serve the OpenAI-compatible API until SIGINT/SIGTERM.
+
+One server process (uvicorn), or with ``--ray`` a Ray Serve application of replicas that each load the
+models and serve the same app (:mod:`specdec.server.ray_serve`). Both paths build the engine and the
+server's settings with :func:`load_server`, from the same options; this module knows nothing of Ray
+beyond the options it adds.
+"""
 
 from __future__ import annotations
 
@@ -41,7 +47,28 @@ def add_parser(sub) -> None:
                         "repeated tasks draft from each other's answers. A side channel between clients (timing "
                         "shows whether an earlier output held a text; see SECURITY.md); about 0.5 KB of memory a "
                         "token (default 0 = off)")
+    add_ray_args(s)
     s.set_defaults(run=run)
+
+
+def add_ray_args(s: argparse.ArgumentParser) -> None:
+    """The ``--ray`` options: scale-out on Ray Serve (:mod:`specdec.server.ray_serve`)."""
+    g = s.add_argument_group("scale-out on Ray Serve (pip install 'specdec-engine[ray]')")
+    g.add_argument("--ray", action="store_true",
+                   help="serve with Ray Serve: --replicas copies of the server, each loading the models and "
+                        "batching its own requests, behind Ray Serve's HTTP proxy on --host/--port")
+    g.add_argument("--replicas", type=int, default=None,
+                   help="replicas (default 1; with --min-replicas/--max-replicas: the initial count)")
+    g.add_argument("--min-replicas", type=int, default=None,
+                   help="autoscaling: fewest replicas (Ray Serve's autoscaling_config min_replicas)")
+    g.add_argument("--max-replicas", type=int, default=None,
+                   help="autoscaling: most replicas (autoscaling_config max_replicas)")
+    g.add_argument("--target-ongoing-requests", type=float, default=None,
+                   help="autoscaling: requests per replica Ray Serve scales towards "
+                        "(default: --max-concurrency)")
+    g.add_argument("--ray-address", default=None,
+                   help="join this Ray cluster (HEAD:6379, or 'auto' for the one on this machine) "
+                        "(default: start a local one for this command)")
 
 
 def allowed_hosts(host: str, names: str | None) -> tuple[str, ...]:
@@ -55,14 +82,27 @@ def allowed_hosts(host: str, names: str | None) -> tuple[str, ...]:
     return tuple(h.strip() for h in names.split(",") if h.strip())
 
 
-def run(args: argparse.Namespace) -> int:
-    """``specdec serve``: load the models, then serve the OpenAI API until SIGINT/SIGTERM."""
-    import os
+def parse_serve_args(argv: list[str]) -> argparse.Namespace:
+    """The options of ``specdec serve ARGV`` (what :func:`run` gets), parsed by the same parser.
 
-    from specdec.server import ServerConfig, run_server
+    Raises:
+        ValueError: on an unknown option or a bad value (argparse's message).
+    """
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str):  # type: ignore[override]
+            raise ValueError(message)
+
+    parser = Parser(prog="specdec")
+    add_parser(parser.add_subparsers(dest="command", required=True, parser_class=Parser))
+    return parser.parse_args(["serve", *argv])
+
+
+def check_serve_args(args: argparse.Namespace) -> None:
+    """Validate the server's options before anything is loaded (raises ValueError saying which)."""
     from specdec.server.access import is_loopback
 
-    spec = spec_from_args(args)
+    spec_from_args(args)
     zero_ok = ("max_queue", "prefix_cache_tokens", "prefill_chunk_tokens", "suffix_cache_tokens")
     for name in ("max_concurrency", "max_tokens_limit", "max_prompt_tokens", "max_body_bytes", *zero_ok):
         value = getattr(args, name)
@@ -72,20 +112,62 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     check_model_args(args)
-    api_key = args.api_key or os.environ.get("SPECDEC_API_KEY") or None
-    if not is_loopback(args.host) and api_key is None:
+    if not is_loopback(args.host) and api_key_of(args) is None:
         print(f"specdec: warning: serving on {args.host} without --api-key", file=sys.stderr)
+
+
+def api_key_of(args: argparse.Namespace) -> str | None:
+    """The API key: ``--api-key``, else ``$SPECDEC_API_KEY``, else none."""
+    import os
+
+    return args.api_key or os.environ.get("SPECDEC_API_KEY") or None
+
+
+def load_server(args: argparse.Namespace):
+    """Load the engine and build the :class:`~specdec.server.ServerConfig` the options describe: what one
+    server process, or one Ray Serve replica, serves with :func:`specdec.server.create_app`.
+
+    Returns:
+        ``(engine, config)``.
+
+    Raises:
+        ValueError: bad option values (:func:`check_serve_args` says which).
+        FileNotFoundError, specdec.models.ModelDownloadError, specdec.backends.base.BackendError: as
+            :func:`specdec.api.load_engine`.
+    """
+    from specdec.server import ServerConfig
+
+    spec = spec_from_args(args)
     # sequence ids for running requests, their alternative candidates and parked prefixes; KV cells for
     # full-length running requests plus the prefix cache (parked sequences share cells, ids are cheap)
     cells = args.n_ctx * args.max_concurrency + args.prefix_cache_tokens
     engine = load_engine_from_args(args, spec, n_seq_max=min(256, 3 * args.max_concurrency), kv_cells=cells)
     config = ServerConfig(
-        model_name=args.served_model_name or engine.name, api_key=api_key, metrics_public=args.metrics_public,
+        model_name=args.served_model_name or engine.name, api_key=api_key_of(args), metrics_public=args.metrics_public,
         allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
         max_running=args.max_concurrency, max_waiting=args.max_queue, max_body_bytes=args.max_body_bytes,
         max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens_limit,
         prefix_cache_tokens=args.prefix_cache_tokens, prefill_chunk_tokens=args.prefill_chunk_tokens,
         suffix_cache_tokens=args.suffix_cache_tokens,
     )
+    return engine, config
+
+
+def run(args: argparse.Namespace) -> int:
+    """``specdec serve``: load the models, then serve the OpenAI API until SIGINT/SIGTERM; with ``--ray``
+    on Ray Serve (:func:`specdec.server.ray_serve.run_ray`)."""
+    if args.ray:
+        from specdec.server.ray_serve import run_ray
+
+        run_ray(args)  # checks the options (check_serve_args) first
+        return 0
+    check_serve_args(args)
+    for name in ("replicas", "min_replicas", "max_replicas", "target_ongoing_requests", "ray_address"):
+        if getattr(args, name) is not None:
+            raise ValueError(f"--{name.replace('_', '-')} needs --ray")
+
+    from specdec.server import run_server
+
+    engine, config = load_server(args)
     run_server(engine, config, host=args.host, port=args.port, drain_timeout=args.drain_timeout)
     return 0  # a dead scheduler raises SchedulerDiedError: one line and exit status 1 (specdec.cli.main)

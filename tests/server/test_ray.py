@@ -1,0 +1,243 @@
+"""The server on Ray Serve (:mod:`specdec.server.ray_serve`): a local Ray cluster on loopback, two replicas
+of the tiny pair behind Ray Serve's proxy, driven by the ``openai`` client and httpx.
+
+Checks that requests spread over both replicas (the ``x-specdec-replica`` response header), that answers,
+streamed (SSE through the proxy) or not, equal the engine's alone, that a session header keeps a
+conversation on one replica, and what a replica killed mid-load does to the requests in flight. Skipped
+without Ray Serve (``pip install -e '.[ray]'``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from server_helpers import LONG
+
+from specdec.backends.ik_llama_cpp import ik_available
+from specdec.cli.serve import load_server, parse_serve_args
+from specdec.params import SamplingParams
+from specdec.server import ray_serve
+
+try:
+    import ray
+    from ray import serve
+except ImportError:
+    ray = serve = None
+
+pytestmark = pytest.mark.ray
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPTS = [f"Count the apples, case {i}:" for i in range(16)]
+EOG = {"280": -100, "281": -100, "282": -100}
+"""The tiny vocabulary's end-of-generation tokens, banned where a request must run its whole length."""
+
+
+def options(target, draft) -> dict:
+    """``serve run``-style builder arguments: two replicas of the tiny pair, one thread each. ik_llama.cpp
+    where installed: its F16 cache agrees exactly with one-token evaluation on the tiny F32 models (no
+    flash attention), so batched greedy output equals the lone engine's."""
+    return {"target": str(target), "draft": str(draft), "backend": "ik" if ik_available() else "llama.cpp",
+            "n_ctx": 512, "threads": 1, "replicas": 2, "max_concurrency": 4, "max_queue": 32,
+            "method": "draft", "num_speculative_tokens": 4, "served_model_name": "tiny", "drain_timeout": 5}
+
+
+def test_ray_without_ray_installed_is_one_line(tiny_target_path, tiny_draft_path):
+    code = ("import sys; sys.modules['ray'] = None; from specdec.cli import main; "
+            f"sys.exit(main(['serve', '--ray', '--target', {str(tiny_target_path)!r}, '--draft', "
+            f"{str(tiny_draft_path)!r}]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode != 0 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("specdec: error: --ray needs Ray Serve") and 'pip install "specdec-engine[ray]"' in lines[0]
+    assert 'pip install -e ".[ray]"' in lines[0]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--replicas", "2"], "--replicas needs --ray"),
+    (["--ray", "--replicas", "0"], "--replicas must be positive"),
+    (["--ray", "--min-replicas", "3", "--max-replicas", "2"], "--min-replicas <= --replicas <= --max-replicas"),
+])
+def test_ray_option_errors(argv, message):
+    from specdec.cli.serve import run
+
+    if "--ray" in argv and serve is None:
+        pytest.skip("Ray Serve is not installed: pip install -e '.[ray]'")
+    with pytest.raises(ValueError, match=message.replace("+", r"\+")):
+        run(parse_serve_args(["--target", "t.gguf", *argv]))
+
+
+def test_autoscaling_options_map_to_ray_serve():
+    if serve is None:
+        pytest.skip("Ray Serve is not installed: pip install -e '.[ray]'")
+    args = parse_serve_args(["--ray", "--min-replicas", "1", "--max-replicas", "4", "--max-concurrency", "4",
+                             "--threads", "2"])
+    opts = ray_serve.deployment_options(args)
+    assert opts["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "initial_replicas": 1,
+                                          "target_ongoing_requests": 4.0}
+    assert opts["ray_actor_options"] == {"num_cpus": 2} and opts["max_ongoing_requests"] == 4 + 64
+    assert ray_serve.deployment_options(parse_serve_args(["--ray", "--replicas", "3"]))["num_replicas"] == 3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(request, tiny_target_path, tiny_draft_path):
+    """``(root_url, builder_options)``: the app on a local 2-CPU Ray cluster; torn down afterwards."""
+    if serve is None:
+        pytest.skip("Ray Serve is not installed: pip install -e '.[ray]'")
+    opts = options(tiny_target_path, tiny_draft_path)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+             log_to_driver=False, configure_logging=False,
+             # the replicas import this checkout's specdec, not an installed one
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}})
+
+    def teardown():
+        serve.shutdown()
+        ray.shutdown()
+
+    request.addfinalizer(teardown)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    done: list = []
+    deploy = threading.Thread(target=lambda: done.append(serve.run(ray_serve.build_app(opts), name="specdec")),
+                              daemon=True)
+    deploy.start()
+    deploy.join(90)
+    assert done, "the replicas did not start within 90 s"
+    return f"http://127.0.0.1:{port}", opts
+
+
+@pytest.fixture(scope="module")
+def engine(served):
+    """The replicas' engine, loaded here alone by the same function from the same options."""
+    engine, _ = load_server(parse_serve_args(ray_serve.builder_argv(served[1])))
+    return engine
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=f"{served[0]}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def alone(engine, prompt: str, max_tokens: int, **kw) -> str:
+    ids = engine.target.tokenize(engine.target.apply_chat_template([{"role": "user", "content": prompt}]),
+                                 special=True)
+    return engine.generate(ids, SamplingParams(max_tokens=max_tokens, **kw)).text
+
+
+def chat(client, prompt: str, session: str | None = None, **kw):
+    """``(text, replica)`` of one greedy chat request."""
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny", messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=16,
+        extra_headers={ray_serve.SESSION_HEADER: session} if session else None, **kw)
+    return raw.parse().choices[0].message.content, raw.headers[ray_serve.REPLICA_HEADER]
+
+
+def test_requests_spread_over_both_replicas_and_equal_the_engine_alone(served, client, engine):
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda p: chat(client, p), PROMPTS))
+    # without a session header, requests are hashed by their request id: all 16 on one of two
+    # replicas would happen with probability 2**-15
+    assert len({replica for _, replica in answers}) == 2
+    for prompt, (text, _) in zip(PROMPTS, answers):
+        assert text == alone(engine, prompt, 16), prompt
+
+
+def test_streaming_through_the_proxy(served, client, engine):
+    stream = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPTS[0]}],
+                                            temperature=0, max_tokens=48, stream=True, logit_bias=EOG,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(texts) > 1, "the answer came in one piece, not streamed"
+    assert "".join(texts) == alone(engine, PROMPTS[0], 48, logit_bias={int(k): v for k, v in EOG.items()})
+    assert chunks[-1].usage.completion_tokens == 48
+
+
+def test_a_session_stays_on_one_replica(served, client):
+    for session in ("conversation-a", "conversation-b", "conversation-c"):
+        replicas = {chat(client, f"turn {i}", session=session)[1] for i in range(4)}
+        assert len(replicas) == 1, session
+    # distinct sessions still use both replicas (16 random ring positions on one replica: 2**-15)
+    assert len({chat(client, "hello", session=f"user-{i}")[1] for i in range(16)}) == 2
+
+
+def replica_actor(unique_id: str):
+    names = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].endswith(f"#{unique_id}")]
+    assert len(names) == 1, names
+    return ray.get_actor(names[0]["name"], namespace=names[0]["namespace"])
+
+
+def stream_request(root: str, i: int, started: threading.Event, replicas: dict) -> str:
+    """One long streamed completion: ``"ok: TEXT"`` when it ends with ``[DONE]``, else ``"error: ..."``."""
+    body = {"model": "tiny", "prompt": LONG + str(i), "max_tokens": 300, "temperature": 0, "stream": True,
+            "logit_bias": EOG}
+    text = []
+    try:
+        with httpx.stream("POST", f"{root}/v1/completions", json=body, timeout=60) as r:
+            replicas[i] = r.headers.get(ray_serve.REPLICA_HEADER)
+            if r.status_code != 200:
+                return f"error: HTTP {r.status_code}: {r.read().decode(errors='replace')[:200]}"
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line.removeprefix("data: ")
+                if data == "[DONE]":
+                    return "ok: " + "".join(text)
+                event = json.loads(data)
+                if "error" in event:
+                    return f"error: {event['error']['message']}"
+                text.append(event["choices"][0]["text"])
+                started.set()
+        return "error: the stream ended without [DONE]"
+    except httpx.HTTPError as e:
+        return f"error: {type(e).__name__}: {e}"
+
+
+def test_killing_a_replica_mid_load_loses_no_accepted_request(served, engine):
+    root = served[0]
+    started = threading.Event()
+    replicas: dict[int, str] = {}
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(stream_request, root, i, started, replicas) for i in range(8)]
+        assert started.wait(60), "no request started"
+        # kill the replica serving the first request that has started, while all eight are in flight
+        victim = next(replicas[i] for i in sorted(replicas) if replicas[i])
+        ray.kill(replica_actor(victim), no_restart=True)
+        outcomes = [f.result(timeout=90) for f in futures]
+    # every request either completed correctly or got a clear error (a cut stream, or HTTP 500 from the
+    # proxy for one on its way to the replica as it died); none hung
+    for i, outcome in enumerate(outcomes):
+        assert outcome.startswith(("ok: ", "error: ")), outcome
+        if outcome.startswith("ok: "):
+            ids = engine.target.tokenize(LONG + str(i), special=True)
+            ref = engine.generate(ids, SamplingParams(max_tokens=300, logit_bias={int(k): v for k, v in EOG.items()}))
+            assert outcome == "ok: " + ref.text, i
+        if replicas.get(i) not in (victim, None):  # None: Ray Serve's proxy answered (500), no replica
+            assert outcome.startswith("ok: "), (i, outcome)  # the other replica's requests are unharmed
+    assert any(o.startswith("error: ") for i, o in enumerate(outcomes) if replicas.get(i) == victim)
+    # the survivor (and soon a replacement) serves new requests; Ray Serve does not retry the lost ones
+    deadline = time.monotonic() + 30
+    while True:
+        r = httpx.post(f"{root}/v1/completions", json={"model": "tiny", "prompt": "again", "max_tokens": 4,
+                                                       "temperature": 0}, timeout=30)
+        if r.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert r.status_code == 200, r.text
+    assert r.headers[ray_serve.REPLICA_HEADER] != victim
