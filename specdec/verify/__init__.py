@@ -65,6 +65,6 @@ def multi_candidate_verifier(single: Verifier) -> Verifier:
 __all__ = [
     "Draft", "NoiseDraws", "PositionNoise", "RandomDraws", "SEEDED_VERIFIER", "TargetRows", "UNSEEDED_VERIFIER",
     "VERIFIERS", "Verifier", "VerifyResult", "accept_probability", "block_acceptance", "block_residual",
-    "multi_candidate_verifier", "next_residual", "residual_distribution", "select_verifier", "single_chain", "verify_block",
-    "verify_greedy", "verify_multi", "verify_speculative", "verify_tree",
+    "multi_candidate_verifier", "next_residual", "residual_distribution", "select_verifier", "single_chain",
+    "verify_block", "verify_greedy", "verify_multi", "verify_speculative", "verify_tree",
 ]
