@@ -242,9 +242,12 @@ class SpecConfig:
             (token-by-token speculative sampling, Leviathan et al. 2023) or ``"gumbel"`` (drafter-invariant
             speculative decoding, Daliri et al. 2024, arXiv 2408.07978: the randomness belongs to output
             positions, so a seeded request gives the same text whatever the proposer, k, batch or timing,
-            and the same text as seeded plain decoding); all lossless. ``None`` (the default): ``gumbel``
-            for seeded requests, ``block`` (which accepts the most drafts) for unseeded ones. Greedy
-            requests (:attr:`SamplingParams.greedy`) are always verified by argmax.
+            and the same text as seeded plain decoding) or ``"multi"`` (recursive rejection sampling over
+            several candidates, SpecInfer, Miao et al. 2024; token-level on one); all lossless. ``None``
+            (the default): ``gumbel`` for seeded requests, ``block`` (which accepts the most drafts) for
+            unseeded ones. Steps with several candidates use ``gumbel`` or ``multi``
+            (:func:`specdec.verify.multi_candidate_verifier`). Greedy requests
+            (:attr:`SamplingParams.greedy`) are always verified by argmax.
 
     Raises:
         ValueError: On an unknown method or verifier, or an out-of-range number.

@@ -10,7 +10,7 @@ For a list of running sequences (one request alone, or a scheduler's whole batch
    the other sequences' tokens and expected commits, so ``auto`` prices its drafts at their marginal cost);
 2. **score**: the target evaluates [last committed token] + drafts of every candidate of every sequence
    in ONE backend call, giving ``[k+1, V]`` logits per candidate;
-3. **verify**: the sequence's verifier (greedy, speculative sampling, block, or the tree verifier for
+3. **verify**: the sequence's verifier (greedy, speculative sampling, block, or a multi-candidate one for
    several candidates) accepts a prefix of a candidate and adds the recovered or bonus token
    (Leviathan et al. 2023, arXiv 2211.17192, Algorithm 1; Chen et al. 2023, arXiv 2302.01318);
 4. **commit**: 1..k+1 tokens are committed, the stop conditions applied, and the proposer told what

@@ -63,7 +63,7 @@ SETTINGS = {
 }
 METHODS = {"suffix-tree": dict(method="suffix", suffix_alternatives=2)}
 """Cell method names that stand for more than a method: ``suffix-tree`` proposes token trees (its steps
-with alternatives are verified by the tree verifier, whatever the cell's verifier)."""
+with alternatives are verified by ``multi``, or by ``gumbel`` in the gumbel cells)."""
 MATRIX = ([(name, k, method, verify) for name in SETTINGS for k in (1, 3, 5) for method in ("draft", "ngram")
            for verify in ("token", "block", "gumbel")]
           + [(name, k, method, verify) for name in SETTINGS for k, method in ((3, "suffix"), (5, "suffix-tree"))

@@ -63,8 +63,10 @@ class Proposal:
             proposed, a plain step).
         probs: ``[k', V] float64`` processed draft distributions, or ``None`` for point masses or
             greedy drafting.
-        alternatives: More candidates (a token tree, verified by the ``tree`` verifier); they must be
-            point masses. Each costs the target ``len + 1`` more scored tokens.
+        alternatives: More candidates (a token tree: :func:`specdec.verify.multi_candidate_verifier`),
+            point masses or sampled (``probs`` given: each drawn from its own drafter's q, independently of
+            the other candidates; :mod:`specdec.verify.multi` says when that is lossless).
+            Each costs the target ``len + 1`` more scored tokens.
         kind: The kind of proposal whose acceptance the engine pools (``"draft"``, ``"ngram3"``, ...),
             or ``None`` to pool nothing (proposers without statistics).
         draft_cost: What drafting cost a draft model, or ``None`` when no model ran.

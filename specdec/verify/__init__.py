@@ -3,9 +3,11 @@
 :data:`VERIFIERS` maps a name to a :class:`~specdec.verify.base.Verifier` whose ``fn(candidates, rows,
 rng)`` judges a step's candidates against the target's rows. ``greedy`` (temperature 0), ``token``
 (speculative sampling, Leviathan et al. 2023) and ``block`` (Sun et al. 2024) judge one chain; ``gumbel``
-(drafter-invariant, Daliri et al. 2024) and ``tree`` judge one or several point-mass candidates.
-:func:`select_verifier` is the one place that decides which a sequence uses. Verifiers know token ids and
-arrays, never proposers or models.
+(drafter-invariant, Daliri et al. 2024) judges one or several candidates of any kind by the position noise;
+``tree`` judges several candidates by the target's own token (greedy requests), and ``multi`` several
+sampled or point-mass candidates by recursive rejection sampling (SpecInfer, Miao et al. 2024).
+:func:`select_verifier` and :func:`multi_candidate_verifier` are the one place that decides which a
+sequence uses. Verifiers know token ids and arrays, never proposers or models.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from specdec.verify.base import Draft, RandomDraws, TargetRows, Verifier, Verify
 from specdec.verify.block import block_acceptance, block_residual, verify_block
 from specdec.verify.greedy import greedy, verify_greedy
 from specdec.verify.gumbel import NoiseDraws, PositionNoise
+from specdec.verify.multi import next_residual, verify_multi
 from specdec.verify.token import accept_probability, residual_distribution, verify_speculative
 from specdec.verify.tree import verify_tree
 
@@ -24,6 +27,7 @@ VERIFIERS: dict[str, Verifier] = {
     "block": Verifier("block", single_chain(verify_block), sampling=True),
     "gumbel": Verifier("gumbel", verify_tree, sampling=True, multi=True, noise=True),
     "tree": Verifier("tree", verify_tree, sampling=False, multi=True),
+    "multi": Verifier("multi", verify_multi, sampling=True, multi=True),
 }
 """Verifiers by name; the ``sampling`` ones are the choices of ``SpecConfig.verify``."""
 
@@ -50,13 +54,17 @@ def select_verifier(params: SamplingParams, spec: SpecConfig) -> Verifier:
 
 def multi_candidate_verifier(single: Verifier) -> Verifier:
     """The verifier of a step that submits several candidates, for a sequence whose single-candidate
-    verifier is ``single``: itself when it judges trees (``gumbel``), else ``tree``."""
-    return single if single.multi else VERIFIERS["tree"]
+    verifier is ``single``: itself when it judges trees (``gumbel`` for seeded requests: the same text
+    whatever the candidates; ``multi``); ``multi`` for the other sampled requests (``token``, ``block``);
+    ``tree`` for greedy ones (the argmax walk)."""
+    if single.multi:
+        return single
+    return VERIFIERS["multi" if single.sampling else "tree"]
 
 
 __all__ = [
     "Draft", "NoiseDraws", "PositionNoise", "RandomDraws", "SEEDED_VERIFIER", "TargetRows", "UNSEEDED_VERIFIER",
     "VERIFIERS", "Verifier", "VerifyResult", "accept_probability", "block_acceptance", "block_residual",
-    "multi_candidate_verifier", "residual_distribution", "select_verifier", "single_chain", "verify_block",
-    "verify_greedy", "verify_speculative", "verify_tree",
+    "multi_candidate_verifier", "next_residual", "residual_distribution", "select_verifier", "single_chain",
+    "verify_block", "verify_greedy", "verify_multi", "verify_speculative", "verify_tree",
 ]

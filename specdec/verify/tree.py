@@ -1,4 +1,4 @@
-"""Multi-candidate (token tree) verification of point-mass candidates, and the drafter-invariant walk.
+"""Multi-candidate (token tree) verification by the target's own token: greedy, and the drafter-invariant walk.
 
 Several candidate continuations share the committed context; together they form a tree whose nodes are
 draft prefixes. Walking from the root: at each node take the target's own token there, ``y`` (the
@@ -6,10 +6,13 @@ argmax of the processed logits for greedy decoding, the Gumbel-max choice of the
 drafter-invariant request, a sample from ``p`` otherwise: :meth:`TargetRows.token`), and follow the child
 whose draft equals ``y``; where no child does, emit ``y`` and stop (at a leaf, ``y`` is the bonus
 token). Every emitted token is the target's own choice given the committed prefix, so the output is
-exactly plain decoding's (greedy) or distributed exactly as ``p`` (sampling): lossless for any
-candidates, as long as they are point masses (SpecInfer, Miao et al. 2024, arXiv 2305.09781, reduces
-to this rule for deterministic drafts). Candidates drawn from a draft distribution need multi-draft
-rejection sampling instead, which this verifier refuses.
+exactly plain decoding's (greedy) or distributed exactly as ``p`` (sampling): lossless for ANY
+candidates, however they were drawn, since the emitted token never depends on them. For greedy and
+drafter-invariant requests that is the rule (draft probabilities are ignored). For other sampled
+requests it accepts a sampled draft only with probability ``p(x)`` instead of ``min(1, p(x)/q(x))``, so
+it refuses sampled candidates there: :func:`~specdec.verify.multi.verify_multi` (recursive rejection
+sampling; SpecInfer, Miao et al. 2024, arXiv 2305.09781, which has this walk's law for point masses)
+judges those.
 """
 
 from __future__ import annotations
@@ -34,11 +37,12 @@ def verify_tree(candidates: Sequence[Draft], rows: Sequence[TargetRows], rng: np
         The first candidate on the accepted path, the accepted length and the token after it.
 
     Raises:
-        ValueError: when a candidate carries draft probabilities (sampled drafts).
+        ValueError: when a candidate carries draft probabilities (sampled drafts) and the rows are
+            neither greedy nor drafter-invariant (``multi`` judges those).
     """
-    if any(c.probs is not None for c in candidates):
-        raise ValueError("tree verification takes point-mass candidates only (no draft probabilities)")
-    # (Drafts of a drafter-invariant request are point masses by construction: argmin E_t / q.)
+    if not (rows[0].greedy or rows[0].noise is not None) and any(c.probs is not None for c in candidates):
+        raise ValueError("tree verification of sampled requests takes point-mass candidates only (no draft "
+                         "probabilities); verify sampled candidates with 'multi'")
     live = list(range(len(candidates)))
     depth = 0
     while True:

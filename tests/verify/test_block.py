@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specdec.verify import verify_tree
+from specdec.verify import verify_multi, verify_tree
 from specdec.verify import (
     VERIFIERS,
     accept_probability,
@@ -205,7 +205,7 @@ def test_verify_block_monte_carlo(point_mass, k=3):
 
 def test_verifier_registry_and_edge_cases():
     assert {n: getattr(v.fn, "chain", v.fn) for n, v in VERIFIERS.items() if v.sampling} == {
-        "token": verify_speculative, "block": verify_block, "gumbel": verify_tree}
+        "token": verify_speculative, "block": verify_block, "gumbel": verify_tree, "multi": verify_multi}
     assert VERIFIERS["greedy"].sampling is False and VERIFIERS["tree"].multi and VERIFIERS["gumbel"].noise
     rng = np.random.default_rng(0)
     p = np.array([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])

@@ -1,0 +1,62 @@
+"""``specdec make-draft`` on the tiny GGUF: the drafters it writes load as ``--draft`` and greedy speculative
+output equals plain decoding; bad input gives one line and a non-zero exit; nothing is overwritten without
+``--force``."""
+
+import pytest
+from conftest import tiny_backend
+
+from specdec.cli import main
+from specdec.engine import Engine
+from specdec.params import SamplingParams, SpecConfig
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
+
+
+@pytest.mark.parametrize("how", [["--layers", "1"], ["--layers", "1,0"]])
+def test_made_draft_loads_and_greedy_equals_plain(tmp_path, tiny_target_path, tiny_target, capsys, how):
+    out = tmp_path / "draft.gguf"
+    assert main(["make-draft", str(tiny_target_path), str(out), *how]) == 0
+    assert capsys.readouterr().out.strip() == str(out) and not list(tmp_path.glob(".*.tmp"))
+    with tiny_backend(out, name="made-draft") as draft:
+        engine = Engine(tiny_target, draft, SpecConfig(method="draft"))
+        ids = engine.encode_prompt("The quick brown fox")
+        plain = engine.generate(ids, GREEDY, SpecConfig(method="none"))
+        spec = engine.generate(ids, GREEDY, SpecConfig(method="draft", num_speculative_tokens=3))
+    assert spec.token_ids == plain.token_ids and spec.stats.proposed > 0
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q2_K"])
+def test_quantize_writes_a_smaller_gguf(tmp_path, tiny_target_path, capsys, qtype):
+    """The requantized tiny model is a smaller GGUF with the same vocabulary. (Decoding it segfaulted in
+    llama.cpp 0.3.36 on these 64-wide tiny shapes, so it is not loaded here: see the branch's report.)"""
+    from gguf import GGUFReader
+
+    out = tmp_path / "q.gguf"
+    assert main(["make-draft", str(tiny_target_path), str(out), "--quantize", qtype]) == 0
+    assert out.stat().st_size < tiny_target_path.stat().st_size
+    src, made = GGUFReader(tiny_target_path), GGUFReader(out)
+    assert made.fields["tokenizer.ggml.tokens"].contents() == src.fields["tokenizer.ggml.tokens"].contents()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--layers", "5"], "blocks 0..1"), (["--layers", "x"], "count N"), (["--layers", "0,"], "count N"),
+])
+def test_bad_layers_one_line(tmp_path, tiny_target_path, capsys, args, fragment):
+    assert main(["make-draft", str(tiny_target_path), str(tmp_path / "d.gguf"), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and fragment in err[0] and not list(tmp_path.iterdir())
+
+
+def test_refuses_to_overwrite_and_bad_files(tmp_path, tiny_target_path, capsys):
+    out = tmp_path / "d.gguf"
+    out.write_bytes(b"keep")
+    assert main(["make-draft", str(tiny_target_path), str(out), "--layers", "1"]) == 2
+    assert "--force" in capsys.readouterr().err and out.read_bytes() == b"keep"
+    assert main(["make-draft", str(tiny_target_path), str(out), "--layers", "1", "--force"]) == 0
+    assert out.read_bytes()[:4] == b"GGUF"
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a model")
+    for how in (["--layers", "1"], ["--quantize", "Q4_0"]):
+        assert main(["make-draft", str(bad), str(tmp_path / "x.gguf"), *how]) == 2
+        assert capsys.readouterr().err.strip().count("\n") == 0
+    assert not (tmp_path / "x.gguf").exists() and not list(tmp_path.glob(".*.tmp"))
