@@ -37,6 +37,16 @@ except ImportError:
 
 pytestmark = pytest.mark.ray
 
+
+def skip_without_ray() -> None:
+    """Skip without Ray Serve, or fail when ``SPECDEC_REQUIRE_RAY`` is set (CI sets it, so that the Ray
+    tests cannot turn into skips unnoticed)."""
+    if serve is None:
+        if os.environ.get("SPECDEC_REQUIRE_RAY"):
+            pytest.fail("SPECDEC_REQUIRE_RAY is set but Ray Serve is not installed: pip install -e '.[ray]'",
+                        pytrace=False)
+        pytest.skip("Ray Serve is not installed: pip install -e '.[ray]'")
+
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = [f"Count the apples, case {i}:" for i in range(16)]
 EOG = {"280": -100, "281": -100, "282": -100}
@@ -71,15 +81,14 @@ def test_ray_without_ray_installed_is_one_line(tiny_target_path, tiny_draft_path
 def test_ray_option_errors(argv, message):
     from specdec.cli.serve import run
 
-    if "--ray" in argv and serve is None:
-        pytest.skip("Ray Serve is not installed: pip install -e '.[ray]'")
+    if "--ray" in argv:
+        skip_without_ray()
     with pytest.raises(ValueError, match=message.replace("+", r"\+")):
         run(parse_serve_args(["--target", "t.gguf", *argv]))
 
 
 def test_autoscaling_options_map_to_ray_serve():
-    if serve is None:
-        pytest.skip("Ray Serve is not installed: pip install -e '.[ray]'")
+    skip_without_ray()
     args = parse_serve_args(["--ray", "--min-replicas", "1", "--max-replicas", "4", "--max-concurrency", "4",
                              "--threads", "2"])
     opts = ray_serve.deployment_options(args)
@@ -98,8 +107,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def served(request, tiny_target_path, tiny_draft_path):
     """``(root_url, builder_options)``: the app on a local 2-CPU Ray cluster; torn down afterwards."""
-    if serve is None:
-        pytest.skip("Ray Serve is not installed: pip install -e '.[ray]'")
+    skip_without_ray()
     opts = options(tiny_target_path, tiny_draft_path)
     ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
              log_to_driver=False, configure_logging=False,
