@@ -1,6 +1,8 @@
-"""Benchmark prompts: the six Spec-Bench categories (first turn) and HumanEval twice, as "complete"
-(write the function from its signature and docstring) and "code-edit" (rewrite given code with type
-hints and return all of it: an input-grounded task, like an editor's apply-edit).
+"""Benchmark prompts: the six Spec-Bench categories (first turn), MT-bench's second turn ("multi-turn": the
+first question, the target's own answer to it and the follow-up, which often asks to revise that answer),
+and HumanEval twice, as "complete" (write the function from its signature and docstring) and "code-edit"
+(rewrite given code with type hints and return all of it: an input-grounded task, like an editor's
+apply-edit).
 
 Spec-Bench (Xia et al. 2024, arXiv 2401.07851; ``question.jsonl``): ``mt_bench`` (the 80 MT-bench
 questions, 8 sub-categories), ``translation``, ``summarization``, ``qa``, ``math_reasoning``, ``rag``.
@@ -16,8 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SPEC_BENCH_CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+MULTI_TURN = "multi-turn"
+"""MT-bench's second turn; the runner generates the first turn's answer (the target's, plain greedy)."""
 HUMANEVAL_CATEGORIES = ("complete", "code-edit")
-CATEGORIES = SPEC_BENCH_CATEGORIES + HUMANEVAL_CATEGORIES
+CATEGORIES = SPEC_BENCH_CATEGORIES + (MULTI_TURN,) + HUMANEVAL_CATEGORIES
 _MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 
 COMPLETE_TEMPLATE = "Complete this Python function. Return the whole function in a Python code block.\n\n{code}"
@@ -35,12 +39,15 @@ class BenchPrompt:
     Attributes:
         category: One of :data:`CATEGORIES`.
         id: The source's id (Spec-Bench ``question_id`` or HumanEval ``task_id``).
-        text: The user message.
+        text: The user message (the last one, for a multi-turn prompt).
+        history: Earlier user messages, each to be followed by the model's own answer before ``text``
+            (``multi-turn``: MT-bench's first turn); empty for single-turn prompts.
     """
 
     category: str
     id: str
     text: str
+    history: tuple[str, ...] = ()
 
 
 def default_data_dir() -> Path:
@@ -74,7 +81,7 @@ def load_prompts(data_dir: str | Path | None = None, per_category: int = 5,
         raise ValueError(f"--per-category must be >= 1, got {per_category}")
     data = Path(data_dir) if data_dir is not None else default_data_dir()
     out: list[BenchPrompt] = []
-    if any(c in SPEC_BENCH_CATEGORIES for c in categories):
+    if any(c in SPEC_BENCH_CATEGORIES + (MULTI_TURN,) for c in categories):
         path = data / "spec_bench" / "question.jsonl"
         if not path.is_file():
             raise FileNotFoundError(f"Spec-Bench questions not found at {path}; pass --data DIR")
@@ -83,6 +90,11 @@ def load_prompts(data_dir: str | Path | None = None, per_category: int = 5,
         for cat in (c for c in categories if c in SPEC_BENCH_CATEGORIES):
             rows = [q for q in qs if (q["category"] in _MT_BENCH if cat == "mt_bench" else q["category"] == cat)]
             out += [BenchPrompt(cat, str(q["question_id"]), q["turns"][0]) for q in _evenly(rows, per_category)]
+        if MULTI_TURN in categories:  # the second turn of other MT-bench questions than mt_bench's
+            rows = [q for q in qs if q["category"] in _MT_BENCH and len(q["turns"]) > 1]
+            rows = rows[len(rows) // (2 * per_category):] if len(rows) > per_category else rows
+            out += [BenchPrompt(MULTI_TURN, str(q["question_id"]), q["turns"][1], (q["turns"][0],))
+                    for q in _evenly(rows, per_category)]
     if any(c in HUMANEVAL_CATEGORIES for c in categories):
         path = data / "humaneval" / "HumanEval.jsonl.gz"
         if not path.is_file():

@@ -131,11 +131,12 @@ def split_variant(name: str, backends: tuple[str, ...]) -> tuple[str, str | None
     return method, next(b for b in backends if variant(method, b, backends) == name)
 
 
-def _fit_prompt(engine, text: str, room: int) -> list[int]:
-    """Chat-rendered prompt ids, the user message shortened until ``room`` tokens remain free."""
+def _fit_prompt(engine, text: str, room: int, history: list[dict] = ()) -> list[int]:
+    """Chat-rendered prompt ids (``history`` messages, then ``text`` as a user message), the last user
+    message shortened until ``room`` tokens remain free."""
     while True:
         try:
-            ids = engine.encode_prompt(text, chat=True)
+            ids = engine.encode_prompt(engine.encode_chat([*history, {"role": "user", "content": text}]))
         except ValueError:  # longer than the context
             ids = None
         if ids and len(ids) + room < engine.n_ctx:
@@ -143,6 +144,30 @@ def _fit_prompt(engine, text: str, room: int) -> list[int]:
         if len(text) < 16:
             raise ValueError(f"--n-ctx {engine.n_ctx} leaves no room for a prompt and {room} new tokens")
         text = text[: int(len(text) * 0.8)]
+
+
+def _histories(engine, prompts: list[BenchPrompt], max_tokens: int, path: Path) -> dict[str, list[dict]]:
+    """The earlier turns of multi-turn prompts, as chat messages: each earlier user message followed by the
+    target's own plain greedy answer (``max_tokens`` at most), keyed ``category/id``. Kept in ``path`` so a
+    resumed run, and every method, sees the same conversation."""
+    known = json.loads(path.read_text()) if path.exists() else {}
+    out = {}
+    for p in prompts:
+        if not p.history:
+            continue
+        key = f"{p.category}/{p.id}"
+        if key not in known:
+            messages: list[dict] = []
+            for turn in p.history:
+                messages.append({"role": "user", "content": turn})
+                ids = engine.encode_prompt(engine.encode_chat(messages))
+                answer = engine.generate(ids, SamplingParams(temperature=0.0, max_tokens=max_tokens),
+                                         SpecConfig(method="none")).text
+                messages.append({"role": "assistant", "content": answer})
+            known[key] = messages
+            path.write_text(json.dumps(known, indent=1))
+        out[key] = known[key]
+    return out
 
 
 class _Runner:
@@ -249,12 +274,15 @@ def run_bench(cfg: BenchConfig) -> dict:
         notes.append(f"resumed: {len({(r['category'], r['prompt_id']) for r in runs})} prompts from {log_path}")
     else:
         log_path.write_text("")
+        (out / "history.json").unlink(missing_ok=True)  # multi-turn conversations are made anew too
     done = {(r["category"], r["prompt_id"]) for r in runs}
     try:
         curves = runner.score_curves()
         methods = runner.methods
         room = cfg.max_tokens + max(cfg.draft_k, cfg.ngram_k, 16) + 2
-        encoded = [_fit_prompt(runner.engine, p.text, room) for p in prompts]
+        histories = _histories(runner.engine, prompts, cfg.max_tokens, out / "history.json")
+        encoded = [_fit_prompt(runner.engine, p.text, room, histories.get(f"{p.category}/{p.id}", []))
+                   for p in prompts]
         todo = sum((p.category, p.id) not in done for p in prompts)
         bar = tqdm(total=todo * len(methods) + (len(methods) if cfg.warmup else 0), desc="bench",
                    unit="run", disable=not cfg.progress, file=sys.stderr)

@@ -202,3 +202,16 @@ def test_probe_prints_each_backend_s_curve(tiny_target_path, capsys):
         with pytest.raises(SystemExit) as e:
             probe.main([*args, *bad])
         assert e.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_multi_turn_prompts_carry_the_first_turn_and_its_answer(smoke, data_dir):
+    """``multi-turn``: MT-bench's second turn, after the first turn and the target's own answer to it,
+    generated once per run and kept in ``history.json`` (the same conversation for every method)."""
+    _, doc, out = smoke
+    (p,) = [p for p in load_prompts(data_dir, per_category=1) if p.category == "multi-turn"]
+    assert p.text == "and again" and p.history == ("Write a function that adds two numbers.",)
+    history = json.loads((out / "history.json").read_text())[f"multi-turn/{p.id}"]
+    assert [m["role"] for m in history] == ["user", "assistant"] and history[1]["content"]
+    runs = [r for r in doc["runs"] if r["category"] == "multi-turn"]
+    single = next(r for r in doc["runs"] if r["category"] == "mt_bench" and r["method"] == "none")
+    assert runs and all(r["prompt_tokens"] > single["prompt_tokens"] for r in runs)
