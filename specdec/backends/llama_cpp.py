@@ -48,6 +48,28 @@ def _init_llama() -> None:
         _initialized = True
 
 
+def has_amx() -> bool:
+    """Whether llama.cpp's CPU backend uses AMX here (built with it, and the CPU and kernel allow it)."""
+    return b"AMX_INT8 = 1" in (lc.llama_print_system_info() or b"")
+
+
+def model_params():
+    """llama.cpp's default model parameters, less its AMX weight layout on CPUs with AMX.
+
+    On a CPU with AMX, llama.cpp puts the Q4_K/Q6_K weights into its AMX buffer, and llama-cpp-python
+    0.3.36's build segfaults in ``ggml_backend_amx_mul_mat`` on every call of two tokens or more (seen here
+    on an AMX Xeon with the default Q4_K_M models, one and two threads; one-token calls run; upstream:
+    ggml-org/llama.cpp issue 20824, open). The AMX buffer is one of the CPU backend's "extra buffer
+    types", which llama.cpp switches off only all together (``use_extra_bufts``): that also drops the
+    REPACK layout of the Q4_K weights, so batched calls cost more, but the backend runs.
+    ``SPECDEC_LLAMA_AMX=1`` keeps them (a llama.cpp with the bug fixed).
+    """
+    params = lc.llama_model_default_params()
+    if hasattr(params, "use_extra_bufts") and has_amx() and os.environ.get("SPECDEC_LLAMA_AMX") != "1":
+        params.use_extra_bufts = False
+    return params
+
+
 class LlamaCppBackend(GGUFBackend):
     """One GGUF model serving up to ``n_seq_max`` sequences of ``n_ctx`` tokens each.
 
@@ -97,7 +119,7 @@ class LlamaCppBackend(GGUFBackend):
             raise ValueError(f"n_threads (--threads) must be at least 1, got {n_threads}")
         self.n_threads = n_threads or physical_cores()
 
-        self._model = lc.llama_model_load_from_file(str(path).encode(), lc.llama_model_default_params())
+        self._model = lc.llama_model_load_from_file(str(path).encode(), model_params())
         if not self._model:
             raise BackendError(f"llama.cpp could not load {path} (unsupported or corrupt GGUF?)")
         self._vocab = lc.llama_model_get_vocab(self._model)

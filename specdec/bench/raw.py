@@ -19,7 +19,7 @@ from typing import Sequence
 import llama_cpp as lc
 
 from specdec.backends.cpu import physical_cores
-from specdec.backends.llama_cpp import _init_llama
+from specdec.backends.llama_cpp import _init_llama, model_params
 from specdec.models import check_gguf
 from specdec.params import SamplingParams
 
@@ -59,7 +59,7 @@ class RawLlamaLoop:
         path = check_gguf(path)
         _init_llama()
         self._own_model = model is None
-        self._model = lc.llama_model_load_from_file(str(path).encode(), lc.llama_model_default_params()) \
+        self._model = lc.llama_model_load_from_file(str(path).encode(), model_params()) \
             if model is None else model
         if not self._model:
             raise RuntimeError(f"llama.cpp could not load {path}")

@@ -314,3 +314,18 @@ def test_cli_huge_n_ctx_is_one_line(tiny_target_path, capsys):
                  "--max-tokens", "2", "hi"]) != 0
     err = capsys.readouterr().err.strip()
     assert "can address" in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+
+
+def test_llama_cpp_model_params_avoid_the_amx_buffer_where_the_cpu_has_amx(monkeypatch):
+    """llama-cpp-python 0.3.36 segfaults in its AMX kernels on calls of 2+ tokens (seen on an AMX Xeon with
+    the default pair): where the CPU has AMX the extra buffer types are off unless SPECDEC_LLAMA_AMX=1."""
+    from specdec.backends import llama_cpp
+
+    monkeypatch.delenv("SPECDEC_LLAMA_AMX", raising=False)
+    monkeypatch.setattr(llama_cpp, "has_amx", lambda: True)
+    assert llama_cpp.model_params().use_extra_bufts is False
+    monkeypatch.setenv("SPECDEC_LLAMA_AMX", "1")
+    assert llama_cpp.model_params().use_extra_bufts is True
+    monkeypatch.setattr(llama_cpp, "has_amx", lambda: False)
+    monkeypatch.delenv("SPECDEC_LLAMA_AMX")
+    assert llama_cpp.model_params().use_extra_bufts is True
