@@ -154,6 +154,16 @@ class ServerProcess:
         self.close()
 
 
+def _no_extra_buffers() -> bool:
+    """Whether specdec's llama.cpp backend runs without llama.cpp's extra weight buffers here (AMX CPUs)."""
+    try:
+        from specdec.backends.llama_cpp import model_params
+    except ImportError:
+        return False
+    params = model_params()
+    return getattr(params, "use_extra_bufts", True) is False
+
+
 class LlamaServer(ServerProcess):
     """A ``llama-server`` process on ``127.0.0.1`` (a free port), started on construction.
 
@@ -191,6 +201,10 @@ class LlamaServer(ServerProcess):
                     str(draft_k), "-td", str(n_threads)]
         elif spec_type is not None:  # draftless modes (prompt lookup): ngram-simple, ngram-mod, ...
             cmd += ["--spec-type", spec_type]
+        if _no_extra_buffers():
+            # as specdec's llama.cpp backend (specdec.backends.llama_cpp.model_params): llama.cpp's AMX
+            # kernels segfault on calls of 2+ tokens on this CPU; --no-repack turns the extra buffers off
+            cmd += ["--no-repack"]
         env = dict(os.environ)
         env["LD_LIBRARY_PATH"] = os.pathsep.join([str(p) for p in library_dirs(binary)]
                                                  + ([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else []))
