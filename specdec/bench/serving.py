@@ -116,7 +116,9 @@ async def closed_loop(system: System, jobs: list[Job], c: int, workload: str, ma
     samples: list[Sample] = []
 
     async def client() -> None:
-        async with httpx.AsyncClient(timeout=3600) as http:
+        # every request on its own connection: llama-server closes a keep-alive connection after a
+        # streamed response, and a client that reuses it gets "Server disconnected without sending a response"
+        async with httpx.AsyncClient(timeout=3600, limits=httpx.Limits(max_keepalive_connections=0)) as http:
             while queue:
                 await run_job(http, system, queue.pop(0), workload, f"c={c}", max_tokens, samples)
 
@@ -133,7 +135,8 @@ async def open_loop(system: System, jobs: list[Job], rate: float, workload: str,
 
     gaps = random.Random(seed)
     samples: list[Sample] = []
-    async with httpx.AsyncClient(timeout=3600, limits=httpx.Limits(max_connections=None)) as http:
+    async with httpx.AsyncClient(timeout=3600, limits=httpx.Limits(max_connections=None,
+                                                                   max_keepalive_connections=0)) as http:
         t0 = time.perf_counter()
         tasks = []
         for job in jobs:
