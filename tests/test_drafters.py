@@ -152,3 +152,28 @@ def test_metrics_carry_per_drafter_series(tiny_target, tiny_draft, tiny_draft2):
         assert get("specdec_spec_decode_drafter_seconds_total", {"drafter": kind}) > 0
     # the totals over drafters are the existing counters' draft-model part
     assert get("specdec_spec_decode_num_draft_tokens_total") == sum(s.proposed for s in results)
+
+
+def test_serve_loads_several_drafts_and_exports_their_metrics(tiny_target_path, tiny_draft_path, draft2_path):
+    import httpx
+    from server_helpers import LiveServer
+
+    from specdec.cli.serve import load_server, parse_serve_args
+
+    args = parse_serve_args(["--target", str(tiny_target_path), "--draft", str(tiny_draft_path), "--draft",
+                             str(draft2_path), "--n-ctx", "256", "--max-concurrency", "1", "--threads", "1"])
+    engine, _ = load_server(args)
+    try:
+        assert len(engine.drafts) == 2
+        kinds = drafter_kinds(engine.draft_names)
+        engine.cost = priced(0.002, 0.0001, kinds)  # the second drafter is the cheap one
+        with LiveServer(engine, max_running=1) as srv:
+            r = httpx.post(f"{srv.url}/completions", timeout=120,
+                           json={"model": "tiny", "prompt": PROMPT, "max_tokens": 24, "temperature": 0})
+            assert r.status_code == 200, r.text
+            assert srv.metric("specdec_spec_decode_drafter_draft_tokens_total", drafter=kinds[1]) > 0
+            assert srv.metric("specdec_spec_decode_drafter_seconds_total", drafter=kinds[1]) > 0
+            assert srv.metric("specdec_spec_decode_num_draft_tokens_total") > 0  # the existing names still work
+    finally:
+        for backend in (engine.target, *engine.drafts):
+            backend.close()
