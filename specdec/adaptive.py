@@ -15,9 +15,9 @@ measure instead of assuming:
 
 ``S(n)``: wall time of one target call scoring ``n`` tokens, verification included (:class:`TimingTable`,
 per engine and decoding mode, learned online from the report of every step, :meth:`CostModel.observe_step`); ``D(k)``: the proposer's time
-for ``k`` drafts (a draft model's ``k * t_draft``, timed per drafter, plus any catch-up on tokens it has not seen; n-gram
-lookup ~0). ``alpha_i`` is tracked per request and per kind of proposal, decayed so it follows the text,
-shrunk towards the engine's pooled estimate (:class:`AcceptanceStats`). Each step takes
+for ``k`` drafts (a draft model's ``k * t_draft``, timed per drafter, plus any catch-up on tokens it has
+not seen; n-gram lookup ~0). ``alpha_i`` is tracked per request and per kind of proposal (each drafter
+its own), decayed so it follows the text, shrunk towards the engine's pooled estimate (:class:`AcceptanceStats`). Each step takes
 ``argmax_k rate(k)``, ``k = 0`` (a plain step) included, so speculation switches itself off when it does
 not pay; after a run of plain steps a probe spends one step on the best speculative option to refresh
 the acceptance estimate (:class:`specdec.proposers.hybrid.ProbeSchedule`).
@@ -67,7 +67,8 @@ prompt chunks (:mod:`specdec.prefill`); larger calls (a whole long prompt, unchu
 
 ACCEPT_PRIOR = {"draft": 0.7, "ngram1": 0.25, "ngram2": 0.4, "ngram3": 0.55}
 """Prior acceptance rate per kind of proposal before any is measured; ``ngramN`` = an N-token suffix
-match (longer matches are likelier to continue). Unlisted n-gram orders use 0.65."""
+match (longer matches are likelier to continue). Unlisted n-gram orders use 0.65; every drafter's kind
+(``draft:<name>``) starts from ``draft``'s."""
 
 
 REQUEST_STRENGTH = 1.0

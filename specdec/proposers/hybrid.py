@@ -11,9 +11,10 @@ further one (:func:`~specdec.proposers.base.drafter_kinds`).
 - ``hybrid``: the n-gram continuation when its first-position acceptance estimate is at least 1/2,
   else the first draft model; k = the number of leading positions whose estimate is at least 1/2 (at least 1).
 - ``auto``: the option (plain step, n-gram with k, suffix decoding with k, each drafter with k, timed and
-  scored on its own) of highest predicted tokens per second, with probes after runs of plain steps (:class:`ProbeSchedule`). In a call
-  shared with other sequences the rate is the call's (eq. (3) of :mod:`specdec.adaptive`): drafts are
-  priced by their marginal cost there, so speculation turns itself off under load where it does not pay.
+  scored on its own) of highest predicted tokens per second, with probes after runs of plain steps
+  (:class:`ProbeSchedule`; a probe tries the best option, whichever drafter it is). In a call shared
+  with other sequences the rate is the call's (eq. (3) of :mod:`specdec.adaptive`): drafts are priced
+  by their marginal cost there, so speculation turns itself off under load where it does not pay.
   Suffix decoding (:mod:`specdec.proposers.suffix`) comes with a confidence per draft (count ratios); its
   acceptance estimate at position ``j`` is the smaller of that confidence and what suffix proposals have
   earned there (kind ``suffix``), so counts that show a split lower the estimate, and counts alone never
@@ -45,7 +46,7 @@ RULE_THRESHOLD = 0.5
 """``hybrid`` drafts while the estimated acceptance of the next position is at least this."""
 
 DRAFT_MARGIN = 1.05
-"""``auto`` considers the draft model only if, with every draft accepted, it would beat plain decoding by
+"""``auto`` considers a draft model only if, with every draft accepted, it would beat plain decoding by
 this factor: a draft that cannot gain 5% even then is not worth its prefill and probes."""
 
 START_K = 2
@@ -177,10 +178,10 @@ class HybridProposer:
         return self._stats[kind]
 
     def cap(self, kind: str) -> int:
-        """Most drafts ``auto`` may propose now from a source (a drafter's kind, ``"ngram"``, ``"suffix"``): :data:`START_K`
-        at first in a request, doubling each time a block is accepted whole (slow start). Estimates for positions
-        this request has not reached come from other requests; a long block on their word alone can cost
-        a dozen plain steps on a CPU, so k grows only as this text earns it."""
+        """Most drafts ``auto`` may propose now from a source (a drafter's kind, ``"ngram"``, ``"suffix"``):
+        :data:`START_K` at first in a request, doubling each time a block is accepted whole (slow start).
+        Estimates for positions this request has not reached come from other requests; a long block on their
+        word alone can cost a dozen plain steps on a CPU, so k grows only as this text earns it."""
         return self._cap.get(kind, START_K)
 
     def _accept(self, source: str, order: int, available: int) -> np.ndarray:
@@ -334,7 +335,8 @@ def _hybrid_factory(adaptive: bool):
                               adaptive=adaptive, suffix=suffix, drafts=drafts)
 
     factory.__doc__ = (f"``{'auto' if adaptive else 'hybrid'}``: n-gram lookup"
-                       f"{', suffix decoding' if adaptive else ''} or {'each' if adaptive else 'the first'} draft model.")
+                       f"{', suffix decoding' if adaptive else ''} or "
+                       f"{'each' if adaptive else 'the first'} draft model.")
     return factory
 
 
