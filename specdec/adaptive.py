@@ -17,10 +17,11 @@ measure instead of assuming:
 per engine and decoding mode, learned online from the report of every step, :meth:`CostModel.observe_step`); ``D(k)``: the proposer's time
 for ``k`` drafts (a draft model's ``k * t_draft``, timed per drafter, plus any catch-up on tokens it has
 not seen; n-gram lookup ~0). ``alpha_i`` is tracked per request and per kind of proposal (each drafter
-its own), decayed so it follows the text, shrunk towards the engine's pooled estimate (:class:`AcceptanceStats`). Each step takes
-``argmax_k rate(k)``, ``k = 0`` (a plain step) included, so speculation switches itself off when it does
-not pay; after a run of plain steps a probe spends one step on the best speculative option to refresh
-the acceptance estimate (:class:`specdec.proposers.hybrid.ProbeSchedule`).
+its own), decayed so it follows the text, shrunk towards the engine's pooled estimate
+(:class:`AcceptanceStats`). Each step takes ``argmax_k rate(k)``, ``k = 0`` (a plain step) included, so
+speculation switches itself off when it does not pay; after a run of plain steps a probe spends one step
+on the best speculative option to refresh the acceptance estimate
+(:class:`specdec.proposers.hybrid.ProbeSchedule`).
 
 Unmeasured sizes: between measured sizes ``S`` is interpolated; beyond the largest measured size it is
 bounded below by that size's time (scoring more tokens never costs less). Decisions use this optimistic
