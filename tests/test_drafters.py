@@ -177,3 +177,16 @@ def test_serve_loads_several_drafts_and_exports_their_metrics(tiny_target_path, 
     finally:
         for backend in (engine.target, *engine.drafts):
             backend.close()
+
+
+def test_generate_prints_each_drafter_when_several_drafted():
+    from specdec.cli.generate import format_stats
+
+    stats = GenerationStats()
+    stats.record_drafter("draft", 4, 2, 0.01)
+    stats.record_drafter("draft:tiny", 6, 6, 0.002)
+    text = format_stats(type("R", (), {"stats": stats, "finish_reason": "stop"})(), "auto")
+    assert "drafter draft        0.50 (2/4 drafts" in text and "drafter draft:tiny   1.00 (6/6 drafts" in text
+    one = GenerationStats()
+    one.record_drafter("draft", 4, 2, 0.01)
+    assert "drafter" not in format_stats(type("R", (), {"stats": one, "finish_reason": "stop"})(), "auto")
