@@ -33,7 +33,7 @@ def load_engine(
         draft: Likewise for the draft model, or a list of them (several drafters: ``auto`` weighs each every
             step; ``draft`` and ``hybrid`` use the first); default: the default draft when the target is the
             default one, else none (``auto``/``hybrid`` then use n-gram lookup only; see :func:`model_names`).
-        spec: Proposer settings; default: method auto (n-gram lookup and the draft model, k by cost).
+        spec: Proposer settings; default: method auto (n-gram lookup and the draft models, k by cost).
         n_ctx: Context window per sequence, tokens.
         n_seq_max: Sequences (concurrent requests) one context holds.
         n_threads: CPU threads; default: physical cores.
@@ -66,8 +66,14 @@ def load_engine(
 
         paths = resolve_models([target, *drafts], progress=progress)
         target, drafts = str(paths[0]), [str(p) for p in paths[1:]]
-    tgt = load(target)
-    return Engine(tgt, [load(d) for d in drafts] or None, spec)
+    backends = [load(target)]
+    try:
+        backends += [load(d) for d in drafts]
+        return Engine(backends[0], backends[1:] or None, spec)
+    except BaseException:  # a drafter that fails to load or is refused (vocabulary): free what was loaded
+        for b in backends:
+            b.close()
+        raise
 
 
 def model_names(target: str | None, draft: str | None, method: str) -> tuple[str, str | None]:

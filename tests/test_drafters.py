@@ -190,3 +190,25 @@ def test_generate_prints_each_drafter_when_several_drafted():
     one = GenerationStats()
     one.record_drafter("draft", 4, 2, 0.01)
     assert "drafter" not in format_stats(type("R", (), {"stats": one, "finish_reason": "stop"})(), "auto")
+
+
+def test_load_engine_takes_a_list_and_refuses_a_foreign_vocabulary(tiny_target_path, tiny_draft_path, draft2_path,
+                                                                    tmp_path):
+    from tiny_gguf import write_tiny_qwen2_gguf
+
+    from specdec.api import load_engine
+
+    kw = {"n_ctx": 128, "n_seq_max": 2, "n_threads": 1, "progress": False, "backend": "llama.cpp"}
+    engine = load_engine(str(tiny_target_path), [str(tiny_draft_path), str(draft2_path)], **kw)
+    try:
+        assert [d.name for d in engine.drafts] == ["draft", "draft2"] and engine.draft is engine.drafts[0]
+    finally:
+        for backend in (engine.target, *engine.drafts):
+            backend.close()
+    engine = load_engine(str(tiny_target_path), str(tiny_draft_path), **kw)  # a str stays accepted
+    assert len(engine.drafts) == 1
+    for backend in (engine.target, *engine.drafts):
+        backend.close()
+    other = write_tiny_qwen2_gguf(tmp_path / "other.gguf", seed=3, extra_vocab=5)
+    with pytest.raises(ValueError, match="draft model other .*different vocabularies"):
+        load_engine(str(tiny_target_path), [str(tiny_draft_path), str(other)], **kw)
