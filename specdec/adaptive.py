@@ -15,12 +15,13 @@ measure instead of assuming:
 
 ``S(n)``: wall time of one target call scoring ``n`` tokens, verification included (:class:`TimingTable`,
 per engine and decoding mode, learned online from the report of every step, :meth:`CostModel.observe_step`); ``D(k)``: the proposer's time
-for ``k`` drafts (a draft model's ``k * t_draft`` plus any catch-up on tokens it has not seen; n-gram
-lookup ~0). ``alpha_i`` is tracked per request and per kind of proposal, decayed so it follows the text,
-shrunk towards the engine's pooled estimate (:class:`AcceptanceStats`). Each step takes
-``argmax_k rate(k)``, ``k = 0`` (a plain step) included, so speculation switches itself off when it does
-not pay; after a run of plain steps a probe spends one step on the best speculative option to refresh
-the acceptance estimate (:class:`specdec.proposers.hybrid.ProbeSchedule`).
+for ``k`` drafts (a draft model's ``k * t_draft``, timed per drafter, plus any catch-up on tokens it has
+not seen; n-gram lookup ~0). ``alpha_i`` is tracked per request and per kind of proposal (each drafter
+its own), decayed so it follows the text, shrunk towards the engine's pooled estimate
+(:class:`AcceptanceStats`). Each step takes ``argmax_k rate(k)``, ``k = 0`` (a plain step) included, so
+speculation switches itself off when it does not pay; after a run of plain steps a probe spends one step
+on the best speculative option to refresh the acceptance estimate
+(:class:`specdec.proposers.hybrid.ProbeSchedule`).
 
 Unmeasured sizes: between measured sizes ``S`` is interpolated; beyond the largest measured size it is
 bounded below by that size's time (scoring more tokens never costs less). Decisions use this optimistic
@@ -67,7 +68,8 @@ prompt chunks (:mod:`specdec.prefill`); larger calls (a whole long prompt, unchu
 
 ACCEPT_PRIOR = {"draft": 0.7, "ngram1": 0.25, "ngram2": 0.4, "ngram3": 0.55}
 """Prior acceptance rate per kind of proposal before any is measured; ``ngramN`` = an N-token suffix
-match (longer matches are likelier to continue). Unlisted n-gram orders use 0.65."""
+match (longer matches are likelier to continue). Unlisted n-gram orders use 0.65; every drafter's kind
+(``draft:<name>``) starts from ``draft``'s."""
 
 
 REQUEST_STRENGTH = 1.0
@@ -265,7 +267,8 @@ class Choice:
     """One step's decision: draft ``k`` tokens from ``source`` (``k = 0``: a plain step).
 
     Attributes:
-        source: ``"draft"``, ``"ngram"`` or ``None`` for a plain step.
+        source: A drafter's kind (``"draft"``, ``"draft:<name>"``), ``"ngram"``, ``"suffix"`` or ``None``
+            for a plain step.
         k: Draft tokens to propose.
         tokens: Predicted committed tokens of this request, E(k).
         seconds: Predicted wall time of the step, D(k) + S(B + k + 1) (``B = 0`` alone).
@@ -305,7 +308,7 @@ ALONE = Load()
 
 
 class CostModel:
-    """Per-engine timings (target ``S(n)`` per decoding mode, draft per-token and catch-up times) and
+    """Per-engine timings (target ``S(n)`` per decoding mode, each drafter's per-token and catch-up times) and
     pooled acceptance statistics; see the module docstring for the model.
 
     Fed by the speculative step's reports (:meth:`observe_step`): target calls, draft-model costs and
@@ -314,8 +317,10 @@ class CostModel:
 
     def __init__(self) -> None:
         self.target = {True: TimingTable(), False: TimingTable()}  # greedy? -> S(n)
-        self.draft_token = TimingTable(n_max=1)  # [1]: seconds per drafted token
-        self.draft_catchup = TimingTable(n_max=1)  # [1]: seconds per catch-up token
+        self.draft_timing: dict[str, tuple[TimingTable, TimingTable]] = {}
+        """Drafter kind (``draft``, ``draft:<name>``) -> its ``[1]`` tables: seconds per drafted token, seconds
+        per catch-up token; each drafter is timed on its own."""
+        self.draft_token, self.draft_catchup = self._draft_tables("draft")  # the first drafter's
         self.pool: dict[str, AcceptanceStats] = {}
         self.load = ALONE
         """What shares the call being planned: set by the speculative step before each sequence proposes
@@ -333,7 +338,8 @@ class CostModel:
         for outcome in report.outcomes:
             p = outcome.proposal
             if p.draft_cost is not None:
-                self.observe_draft(p.draft_cost.evals, p.draft_cost.catchup, p.draft_cost.seconds)
+                c = p.draft_cost
+                self.observe_draft(c.evals, c.catchup, c.seconds, c.drafter)
             if p.kind is not None:
                 self._pool(p.kind).observe(outcome.proposed, outcome.accepted)
 
@@ -343,17 +349,25 @@ class CostModel:
         self.target[greedy].observe(n, seconds)
         self._version += 1
 
-    def observe_draft(self, k: int, catchup: int, seconds: float) -> None:
-        """A draft model drafted ``k`` tokens in ``seconds`` after catching up on ``catchup`` tokens
-        it had not seen (1 or 2 in steady state: the recovered/bonus token, perhaps the last draft)."""
+    def _draft_tables(self, drafter: str) -> tuple[TimingTable, TimingTable]:
+        """``drafter``'s (per token, per catch-up token) tables, created on first use."""
+        if drafter not in self.draft_timing:
+            self.draft_timing[drafter] = (TimingTable(n_max=1), TimingTable(n_max=1))
+        return self.draft_timing[drafter]
+
+    def observe_draft(self, k: int, catchup: int, seconds: float, drafter: str = "draft") -> None:
+        """The draft model of kind ``drafter`` drafted ``k`` tokens in ``seconds`` after catching up on
+        ``catchup`` tokens it had not seen (1 or 2 in steady state: the recovered/bonus token, perhaps the
+        last draft)."""
         if k <= 0:
             return
+        token, up = self._draft_tables(drafter)
         if catchup <= 2:
-            self.draft_token.observe(1, seconds / k)
-        elif catchup >= 8 and self.draft_token.measured:
-            rest = seconds - k * self.draft_token.estimate(1)
+            token.observe(1, seconds / k)
+        elif catchup >= 8 and token.measured:
+            rest = seconds - k * token.estimate(1)
             if rest > 0:
-                self.draft_catchup.observe(1, rest / (catchup - 1))
+                up.observe(1, rest / (catchup - 1))
 
     def step_seconds(self, n: int, greedy: bool, optimistic: bool = False) -> float:
         """``S(n)``: predicted seconds of one target call scoring ``n`` tokens; NaN if unknown."""
@@ -362,15 +376,16 @@ class CostModel:
             s = self.target[not greedy].estimate(n, optimistic)
         return s
 
-    def draft_seconds(self, k, catchup: int, greedy: bool, horizon: int = 16):
-        """``D(k)`` of a draft model: ``k`` tokens plus catch-up on ``catchup`` unseen tokens, the
-        catch-up amortized over ``horizon`` steps (it is paid once, then drafting stays in sync).
-        Before any measurement the draft is assumed to cost half a target token. ``k`` may be an int
-        (returns a float) or an ``[m] int64`` array (returns ``[m] float64``), seconds."""
-        t_tok = self.draft_token.estimate(1)
+    def draft_seconds(self, k, catchup: int, greedy: bool, horizon: int = 16, drafter: str = "draft"):
+        """``D(k)`` of the draft model of kind ``drafter``: ``k`` tokens plus catch-up on ``catchup`` unseen
+        tokens, the catch-up amortized over ``horizon`` steps (it is paid once, then drafting stays in sync).
+        Before any measurement of this drafter it is assumed to cost half a target token. ``k`` may be an
+        int (returns a float) or an ``[m] int64`` array (returns ``[m] float64``), seconds."""
+        token, up = self._draft_tables(drafter)
+        t_tok = token.estimate(1)
         if math.isnan(t_tok):
             t_tok = 0.5 * self.step_seconds(1, greedy)
-        t_up = self.draft_catchup.estimate(1)
+        t_up = up.estimate(1)
         if math.isnan(t_up):
             t_up = 0.25 * t_tok
         return k * t_tok + t_up * max(0, catchup - 2) / horizon
@@ -379,7 +394,8 @@ class CostModel:
     def _pool(self, kind: str) -> AcceptanceStats:
         """The engine's pooled statistics of ``kind`` (created on first use)."""
         if kind not in self.pool:
-            self.pool[kind] = AcceptanceStats(ACCEPT_PRIOR.get(kind, 0.65), decay=0.98, strength=4.0)
+            prior = ACCEPT_PRIOR.get(kind.partition(":")[0], 0.65)  # every drafter starts from draft's prior
+            self.pool[kind] = AcceptanceStats(prior, decay=0.98, strength=4.0)
         return self.pool[kind]
 
     def stats(self, kind: str) -> AcceptanceStats:

@@ -15,7 +15,7 @@ from specdec.types import GenerationResult
 
 def load_engine(
     target: str | None = None,
-    draft: str | None = None,
+    draft: str | Sequence[str] | None = None,
     spec: SpecConfig | None = None,
     n_ctx: int = 4096,
     n_seq_max: int = 4,
@@ -26,13 +26,14 @@ def load_engine(
     dtype: str | None = None,
     kv_cells: int | None = None,
 ) -> Engine:
-    """Load the target (and, unless ``spec.method`` is ngram/none, the draft) with llama.cpp or transformers.
+    """Load the target (and, unless ``spec.method`` is ngram/none, the drafts) with llama.cpp or transformers.
 
     Args:
         target: A known model name (see ``specdec models``) or a GGUF path; default: the default target.
-        draft: Likewise for the draft model; default: the default draft when the target is the default
-            one, else none (``auto``/``hybrid`` then use n-gram lookup only; see :func:`model_names`).
-        spec: Proposer settings; default: method auto (n-gram lookup and the draft model, k by cost).
+        draft: Likewise for the draft model, or a list of them (several drafters: ``auto`` weighs each every
+            step; ``draft`` and ``hybrid`` use the first); default: the default draft when the target is the
+            default one, else none (``auto``/``hybrid`` then use n-gram lookup only; see :func:`model_names`).
+        spec: Proposer settings; default: method auto (n-gram lookup and the draft models, k by cost).
         n_ctx: Context window per sequence, tokens.
         n_seq_max: Sequences (concurrent requests) one context holds.
         n_threads: CPU threads; default: physical cores.
@@ -55,17 +56,24 @@ def load_engine(
     """
     spec = spec or SpecConfig()
     backend = backend_name(backend)
-    target, draft = model_names(target, draft, spec.method)
+    drafts = [draft] if isinstance(draft, str) else list(draft or ())
+    target, first = model_names(target, drafts[0] if drafts else None, spec.method)
+    drafts = drafts or ([] if first is None else [first])
     load = _backend_loader(backend, device, dtype, n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=n_threads,
                            progress=progress, n_cells=kv_cells)
     if backend in GGUF_BACKENDS:  # fetch every missing file first, so one error names them all
         from specdec.models import resolve_models
 
-        paths = resolve_models([n for n in (target, draft) if n is not None], progress=progress)
-        target, draft = str(paths[0]), (None if draft is None else str(paths[1]))
-    tgt = load(target)
-    dft = None if draft is None else load(draft)
-    return Engine(tgt, dft, spec)
+        paths = resolve_models([target, *drafts], progress=progress)
+        target, drafts = str(paths[0]), [str(p) for p in paths[1:]]
+    backends = [load(target)]
+    try:
+        backends += [load(d) for d in drafts]
+        return Engine(backends[0], backends[1:] or None, spec)
+    except BaseException:  # a drafter that fails to load or is refused (vocabulary): free what was loaded
+        for b in backends:
+            b.close()
+        raise
 
 
 def model_names(target: str | None, draft: str | None, method: str) -> tuple[str, str | None]:

@@ -1,4 +1,4 @@
-"""The engine: a target model, an optional draft model, prompt encoding, and the loop that drives one
+"""The engine: a target model, any number of draft models, prompt encoding, and the loop that drives one
 request through :func:`~specdec.step.speculative_step`.
 
 The engine knows token ids and backends; it does not know text formats beyond the tokenizer, nor HTTP.
@@ -25,30 +25,34 @@ __all__ = ["Engine", "StreamChunk", "check_vocab_compatible"]
 
 
 class Engine:
-    """A target model, an optional draft model, and the speculative decoding loop over them.
+    """A target model, draft models (none, one or several), and the speculative decoding loop over them.
 
     Args:
         target: The target model's backend.
-        draft: The draft model's backend (needed for ``method="draft"``); must share the target's
-            vocabulary.
+        draft: The draft model's backend, or a sequence of them (several drafters); each must share the
+            target's vocabulary. ``method="auto"`` weighs every drafter each step; single-drafter methods
+            (``draft``, ``hybrid``) use the first.
         spec: Default proposer settings; a request may override them.
 
     Raises:
-        ValueError: when the draft's vocabulary differs from the target's, or ``spec`` needs a draft
+        ValueError: when a draft's vocabulary differs from the target's, or ``spec`` needs a draft
             model and there is none.
     """
 
-    def __init__(self, target: Backend, draft: Backend | None = None, spec: SpecConfig | None = None):
+    def __init__(self, target: Backend, draft: Backend | Sequence[Backend] | None = None,
+                 spec: SpecConfig | None = None):
         self.target = target
-        self.draft = draft
-        self.spec = spec or SpecConfig()  # auto: n-gram lookup, the draft model if any, k by cost
-        if draft is not None:
-            check_vocab_compatible(target, draft)
+        self.drafts: tuple[Backend, ...] = (() if draft is None else tuple(draft) if isinstance(draft, (list, tuple))
+                                            else (draft,))
+        self.draft = self.drafts[0] if self.drafts else None  # the first drafter (single-drafter methods)
+        self.spec = spec or SpecConfig()  # auto: n-gram lookup, the draft models if any, k by cost
+        for d in self.drafts:
+            check_vocab_compatible(target, d)
         self.check_spec(self.spec)
         self.cost = CostModel()  # timings of these models on this machine, fed by every step's report
         self.suffix_cache: SuffixCache | None = None  # earlier outputs for suffix decoding: off by default
-        n_ctx = min(target.n_ctx, draft.n_ctx) if draft is not None else target.n_ctx
-        # The real vocabulary, shared by target and draft (checked above); see ModelInfo.vocab_size.
+        n_ctx = min(b.n_ctx for b in (target, *self.drafts))
+        # The real vocabulary, shared by target and drafts (checked above); see ModelInfo.vocab_size.
         vocab_size = min(target.n_vocab, target.vocab_fingerprint()[0])
         # An end-of-generation id among the padding rows can never be sampled (its row is sliced off),
         # and masking it (min_tokens) would index past the sliced logits.
@@ -63,8 +67,13 @@ class Engine:
 
     @property
     def draft_name(self) -> str | None:
-        """The draft model's name, or None."""
+        """The (first) draft model's name, or None."""
         return None if self.draft is None else self.draft.name
+
+    @property
+    def draft_names(self) -> tuple[str, ...]:
+        """Every draft model's name, in order."""
+        return tuple(d.name for d in self.drafts)
 
     @property
     def n_ctx(self) -> int:
@@ -78,16 +87,16 @@ class Engine:
 
     @property
     def capacity(self) -> int:
-        """Requests the backends can hold at once (one target and one draft sequence each)."""
-        return min(getattr(b, "n_seq_max", 1) for b in (self.target, self.draft) if b is not None)
+        """Requests the backends can hold at once (one target sequence and one per draft model each)."""
+        return min(getattr(b, "n_seq_max", 1) for b in (self.target, *self.drafts))
 
     def enable_prefix_cache(self, max_sequences: int, max_tokens: int) -> None:
-        """Keep finished requests' KV (target and draft) as prefixes for later requests: up to
+        """Keep finished requests' KV (target and drafts) as prefixes for later requests: up to
         ``max_sequences`` sequences and ``max_tokens`` tokens per model, least recently used first to go
         (:class:`~specdec.backends.prefix.PrefixCache`; 0 turns parking off). Running requests are
         always offered as prefixes."""
-        for backend in (self.target, self.draft):
-            if backend is not None and hasattr(backend, "prefix"):
+        for backend in (self.target, *self.drafts):
+            if hasattr(backend, "prefix"):
                 backend.prefix.configure(max_sequences, max_tokens)
 
     def enable_suffix_cache(self, max_tokens: int) -> None:
@@ -207,7 +216,7 @@ class Engine:
         spec = spec or self.spec
         if proposer is None:
             self.check_spec(spec)
-        context = ProposerContext(draft=self.draft, vocab_size=self.info.vocab_size, cost=self.cost,
+        context = ProposerContext(drafts=self.drafts, vocab_size=self.info.vocab_size, cost=self.cost,
                                   suffix_cache=self.suffix_cache)
         return new_request(self.info, self.target, prompt_ids, params, spec, context, proposer)
 
@@ -266,7 +275,8 @@ class Engine:
 
 
 def check_vocab_compatible(target: Backend, draft: Backend) -> None:
-    """Refuse a draft whose vocabulary differs from the target's beyond padding rows.
+    """Refuse a draft whose vocabulary differs from the target's beyond padding rows (every drafter of
+    an engine is checked).
 
     Raises:
         ValueError: naming both models, when token texts or special ids differ.

@@ -94,12 +94,24 @@ class ServerMetrics:
             "specdec_spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted at draft position. Acceptance "
             "by position = this / specdec_spec_decode_num_draft_tokens_per_pos at the same position.",
             ["position"], registry=r)
+        self.drafter_tokens = Counter(
+            "specdec_spec_decode_drafter_draft_tokens", "Draft tokens proposed by each draft model (drafter: "
+            "draft for the first, draft:<name> for the others), a part of specdec_spec_decode_num_draft_tokens.",
+            ["drafter"], registry=r)
+        self.drafter_accepted = Counter(
+            "specdec_spec_decode_drafter_accepted_tokens", "Draft tokens of each draft model accepted by the "
+            "verifier. Its acceptance rate = this / specdec_spec_decode_drafter_draft_tokens, same drafter.",
+            ["drafter"], registry=r)
+        self.drafter_seconds = Counter(
+            "specdec_spec_decode_drafter_seconds", "Wall seconds each draft model spent drafting (its catch-up "
+            "on unseen tokens included).", ["drafter"], registry=r)
         Gauge("specdec_spec_decode_mean_accepted_length", "Mean accepted length since start: "
               "specdec_spec_decode_committed_tokens / specdec_spec_decode_target_calls, i.e. tokens committed per "
               "target call, the recovered or bonus token included (plain decoding: 1). NaN before any call.",
               registry=r).set_function(self._mean_accepted_length)
         self._seen: dict[object, tuple[int, int, int, int, list[int], list[int]]] = {}
         self._totals = (0, 0)  # (target calls, committed tokens), for the mean accepted length gauge
+        self._seen_drafters: dict[object, dict[str, tuple[int, int, float]]] = {}  # job -> drafter -> counts
 
     def _mean_accepted_length(self) -> float:
         calls, committed = self._totals
@@ -109,6 +121,7 @@ class ServerMetrics:
         """A job entered the running batch."""
         self.prompt_tokens.inc(len(job.prompt_ids))
         self._seen[job] = (0, 0, 0, 0, [], [])
+        self._seen_drafters[job] = {}
 
     def step(self, job, chunk, now: float) -> None:
         """A job committed ``chunk`` at ``now`` (``time.perf_counter()``); ``job.t_last`` is still the
@@ -143,10 +156,18 @@ class ServerMetrics:
                 self.accepted_by_pos.labels(position=str(i + 1)).inc(da)
         self._seen[job] = (s.target_calls, s.committed, s.proposed, s.accepted,
                            list(s.proposed_by_position), list(s.accepted_by_position))
+        seen = self._seen_drafters.setdefault(job, {})
+        for drafter, d in s.by_drafter.items():
+            p0, a0, t0 = seen.get(drafter, (0, 0, 0.0))
+            self.drafter_tokens.labels(drafter=drafter).inc(d["proposed"] - p0)
+            self.drafter_accepted.labels(drafter=drafter).inc(d["accepted"] - a0)
+            self.drafter_seconds.labels(drafter=drafter).inc(d["seconds"] - t0)
+            seen[drafter] = (d["proposed"], d["accepted"], d["seconds"])
 
     def request_finished(self, job, reason: str) -> None:
         """A job left the running batch with ``reason`` (stop, length, cancelled, error)."""
         self._seen.pop(job, None)
+        self._seen_drafters.pop(job, None)
         self.requests.labels(finish_reason=reason).inc()
         if reason in ("stop", "length") and job.t_last is not None:
             self.e2e.observe(job.t_last - job.t_submit)

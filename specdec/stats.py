@@ -42,6 +42,8 @@ class GenerationStats:
         committed: Tokens committed by target calls (recovered/bonus included), for mean accepted length.
         adaptive: For hybrid/auto: the cost model's predicted speed-up and the choices taken by source
             and k (see :class:`specdec.proposers.hybrid.PredictionLog`); empty otherwise.
+        by_drafter: Drafter kind (``draft``, ``draft:<name>``) -> ``{"proposed", "accepted", "seconds"}``:
+            its draft tokens proposed and accepted, and its drafting wall time, seconds.
     """
 
     prompt_tokens: int = 0
@@ -56,6 +58,7 @@ class GenerationStats:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     adaptive: dict = field(default_factory=dict)
+    by_drafter: dict = field(default_factory=dict)
 
     def record_step(self, proposed: int, accepted: int, committed: int) -> None:
         """Count one target call that verified ``proposed`` drafts, accepted ``accepted``, committed
@@ -71,6 +74,14 @@ class GenerationStats:
             self.proposed_by_position[i] += 1
         for i in range(accepted):
             self.accepted_by_position[i] += 1
+
+    def record_drafter(self, drafter: str, proposed: int, accepted: int, seconds: float) -> None:
+        """Count one step's draft-model work: ``drafter`` proposed ``proposed`` drafts in ``seconds``, of
+        which ``accepted`` were accepted."""
+        d = self.by_drafter.setdefault(drafter, {"proposed": 0, "accepted": 0, "seconds": 0.0})
+        d["proposed"] += proposed
+        d["accepted"] += accepted
+        d["seconds"] += seconds
 
     @property
     def acceptance_rate(self) -> float:

@@ -59,7 +59,8 @@ class TokenSource:
     Attributes:
         kind: See :data:`TokenKind`.
         drafter: The kind of proposal the token's step verified (``Proposal.kind``: ``"draft"``,
-            ``"ngram3"``, ``"suffix"``, ...; ``None`` when the proposer names none or on a plain step).
+            ``"draft:<name>"`` for a further draft model, ``"ngram3"``, ``"suffix"``, ...; ``None`` when the
+            proposer names none or on a plain step).
         step: The target call that committed it, 0-based within the generation (0: the prompt's last
             call); tokens of one step were committed together.
         proposed: Drafts that step verified (0 on a plain step).

@@ -54,7 +54,7 @@ class FrozenCost(CostModel):
     def observe_target(self, n, seconds, greedy):
         pass
 
-    def observe_draft(self, k, catchup, seconds):
+    def observe_draft(self, k, catchup, seconds, drafter="draft"):
         pass
 
 

@@ -11,6 +11,7 @@ from specdec.cli.options import (
     spec_from_args,
 )
 from specdec.params import SpecConfig
+from specdec.stats import acceptance_rate
 from specdec.verify import select_verifier
 from specdec.types import GenerationResult
 
@@ -49,6 +50,9 @@ def format_stats(res: GenerationResult, label: str) -> str:
             f"mean accepted length {fmt(s.mean_accepted_length)} tokens per target call",
             f"acceptance rate      {fmt(s.acceptance_rate)} ({s.accepted}/{s.proposed} drafts)",
             f"acceptance by pos.   {by_pos}",
+            *(f"drafter {kind:<12} {fmt(acceptance_rate(d['accepted'], d['proposed']))} "
+              f"({d['accepted']}/{d['proposed']} drafts, {d['seconds']:.3f} s drafting)"
+              for kind, d in s.by_drafter.items() if set(s.by_drafter) != {"draft"}),  # several drafters
         ]
     )
 

@@ -27,7 +27,9 @@ def backend_choices() -> list[str]:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target model: a known name (see `specdec models`) or a GGUF path")
-    p.add_argument("--draft", help="draft model: a known name or a GGUF path (same vocabulary as the target)")
+    p.add_argument("--draft", action="append", default=None,
+                   help="draft model: a known name or a GGUF path (same vocabulary as the target); repeat for "
+                        "several drafters (auto weighs each every step; draft and hybrid use the first)")
     p.add_argument("--n-ctx", type=int, default=4096, help="context window in tokens (default 4096)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
     p.add_argument("--backend", choices=backend_choices(), default=None,

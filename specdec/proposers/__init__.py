@@ -1,7 +1,8 @@
 """Proposers: one file per method, registered by name in :data:`PROPOSERS`."""
 
 from specdec.proposers.base import (
-    EMPTY_PROPOSAL, PROPOSERS, DraftCost, Outcome, Proposal, Proposer, ProposerContext, ProposerEntry, register,
+    EMPTY_PROPOSAL, PROPOSERS, DraftCost, Outcome, Proposal, Proposer, ProposerContext, ProposerEntry, drafter_kinds,
+    is_draft_kind, register,
 )
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.hybrid import HybridProposer
@@ -9,4 +10,5 @@ from specdec.proposers.ngram import NgramProposer
 from specdec.proposers.suffix import SuffixProposer
 
 __all__ = ["EMPTY_PROPOSAL", "PROPOSERS", "DraftCost", "DraftModelProposer", "HybridProposer", "NgramProposer",
-           "Outcome", "Proposal", "Proposer", "ProposerContext", "ProposerEntry", "SuffixProposer", "register"]
+           "Outcome", "Proposal", "Proposer", "ProposerContext", "ProposerEntry", "SuffixProposer", "drafter_kinds",
+           "is_draft_kind", "register"]

@@ -47,11 +47,13 @@ class DraftCost:
         evals: Draft-model forward calls made (one per drafted token, plus one for an early stop).
         catchup: Committed tokens the draft model had not seen before drafting (1-2 in steady state).
         seconds: Wall time of the drafting, seconds.
+        drafter: The drafter's kind (:func:`drafter_kinds`), which keys its timings in the cost model.
     """
 
     evals: int
     catchup: int
     seconds: float
+    drafter: str = "draft"
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,8 @@ class Proposal:
             point masses or sampled (``probs`` given: each drawn from its own drafter's q, independently of
             the other candidates; :mod:`specdec.verify.multi` says when that is lossless).
             Each costs the target ``len + 1`` more scored tokens.
-        kind: The kind of proposal whose acceptance the engine pools (``"draft"``, ``"ngram3"``, ...),
-            or ``None`` to pool nothing (proposers without statistics).
+        kind: The kind of proposal whose acceptance the engine pools (``"draft"``, ``"draft:<name>"``,
+            ``"ngram3"``, ...), or ``None`` to pool nothing (proposers without statistics).
         draft_cost: What drafting cost a draft model, or ``None`` when no model ran.
         confidence: ``[k'] float`` the proposer's estimate of each main-candidate draft's acceptance given
             the earlier ones accepted (suffix decoding: count ratios), or ``()`` when it has none.
@@ -146,22 +148,50 @@ class Proposer(Protocol):
         """Release what the proposer holds (a draft model's sequence)."""
 
 
+def drafter_kinds(names: Sequence[str]) -> tuple[str, ...]:
+    """The kind of proposal of each drafter, in order: ``draft`` for the first (so one drafter keeps the
+    names it always had), ``draft:<name>`` for the others (``draft:<name>#<i>`` when a name repeats). The
+    one naming rule: pooled acceptance, draft timings, ``auto``'s sources and the metrics' ``drafter``
+    label all use it."""
+    kinds: list[str] = []
+    for i, name in enumerate(names):
+        kind = "draft" if i == 0 else f"draft:{name}"
+        kinds.append(kind if kind not in kinds else f"{kind}#{i}")
+    return tuple(kinds)
+
+
+def is_draft_kind(kind: str | None) -> bool:
+    """True for a drafter's kind of proposal (see :func:`drafter_kinds`)."""
+    return kind is not None and (kind == "draft" or kind.startswith("draft:"))
+
+
 @dataclass(frozen=True)
 class ProposerContext:
     """What the engine offers a proposer factory.
 
     Attributes:
-        draft: The draft model's backend, or ``None``.
+        drafts: The draft models' backends, in the order given (possibly none); single-drafter methods
+            (``draft``) use the first.
         vocab_size: ``V``, the real vocabulary (draft logits are sliced to it).
         cost: The engine's cost model (timings and pooled acceptance; read-only for proposers).
         suffix_cache: The engine's cache of earlier outputs for suffix decoding, or ``None`` (the
             default: it is a side channel between requests, see SECURITY.md).
     """
 
-    draft: "Backend | None"
+    drafts: "tuple[Backend, ...]"
     vocab_size: int
     cost: "CostModel"
     suffix_cache: "SuffixCache | None" = None
+
+    @property
+    def draft(self) -> "Backend | None":
+        """The first draft model's backend, or ``None``."""
+        return self.drafts[0] if self.drafts else None
+
+    @property
+    def draft_kinds(self) -> tuple[str, ...]:
+        """Each drafter's kind of proposal (:func:`drafter_kinds`)."""
+        return drafter_kinds([d.name for d in self.drafts])
 
 
 @dataclass(frozen=True)

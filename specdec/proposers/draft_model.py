@@ -34,11 +34,14 @@ class DraftModelProposer:
             under the draft (softmax of its logits; q when sampling) is below ``p_min``; 0 disables it.
         lazy_prefill: Do not prefill in :meth:`prepare`; the first :meth:`propose` catches up instead
             (for proposers that may never use the draft model).
+        drafter: This drafter's kind (:func:`~specdec.proposers.base.drafter_kinds`), which labels its
+            drafting costs for the cost model.
     """
 
     def __init__(self, cache: SequenceCache, vocab_size: int | None = None, p_min: float = 0.0,
-                 lazy_prefill: bool = False):
+                 lazy_prefill: bool = False, drafter: str = "draft"):
         self.cache = cache
+        self.drafter = drafter
         self.vocab_size = vocab_size or cache.backend.n_vocab
         self.p_min = p_min
         self.lazy_prefill = lazy_prefill
@@ -75,8 +78,8 @@ class DraftModelProposer:
         """Draft ``k`` tokens autoregressively, each picked from ``q`` by ``draws`` (the argmax when greedy);
         ``probs`` is ``[k, V] float64`` when ``draws.needs_probs``, else None.
 
-        ``kind`` labels the proposal for pooled acceptance statistics (adaptive proposers pass
-        ``"draft"``); the proposal's ``draft_cost`` says what drafting took.
+        ``kind`` labels the proposal for pooled acceptance statistics (adaptive proposers pass the
+        drafter's kind); the proposal's ``draft_cost`` says what drafting took.
         """
         if k <= 0:
             return EMPTY_PROPOSAL
@@ -102,7 +105,7 @@ class DraftModelProposer:
             seq.append(tok)
         evals = min(k, len(tokens) + 1)  # an early stop evaluated one more position
         return Proposal(tokens=tokens, probs=np.stack(rows) if rows else None, kind=kind if tokens else None,
-                        draft_cost=DraftCost(evals, catchup, time.perf_counter() - t0))
+                        draft_cost=DraftCost(evals, catchup, time.perf_counter() - t0, self.drafter))
 
     def observe(self, outcome: Outcome) -> None:
         """Nothing to do: the next :meth:`propose` rolls the cache back to the committed context."""
@@ -119,5 +122,5 @@ def _top_probability(logits: np.ndarray) -> float:
 
 @register("draft", default_k=4, needs_draft=True)
 def _draft(ctx: ProposerContext, spec: SpecConfig) -> DraftModelProposer:
-    """``draft``: the draft model with a fixed k."""
+    """``draft``: the (first) draft model with a fixed k."""
     return DraftModelProposer(SequenceCache(ctx.draft), ctx.vocab_size, p_min=spec.draft_p_min)

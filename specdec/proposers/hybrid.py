@@ -5,20 +5,22 @@ cost model of :mod:`specdec.adaptive`, plain steps included).
 Per step: the suffix of the context is looked up in an incremental n-gram index (newest earlier
 occurrence, longest suffix first, as :mod:`specdec.proposers.ngram` does), and the acceptance of the
 kind of proposal at hand is estimated per draft position: ``ngramN`` for an N-token suffix match (how
-long matches of this kind have run), ``draft`` for the draft model.
+long matches of this kind have run), ``draft`` for the (first) draft model, ``draft:<name>`` for each
+further one (:func:`~specdec.proposers.base.drafter_kinds`).
 
 - ``hybrid``: the n-gram continuation when its first-position acceptance estimate is at least 1/2,
-  else the draft model; k = the number of leading positions whose estimate is at least 1/2 (at least 1).
-- ``auto``: the option (plain step, n-gram with k, suffix decoding with k, draft with k) of highest
-  predicted tokens per second, with probes after runs of plain steps (:class:`ProbeSchedule`). In a call
-  shared with other sequences the rate is the call's (eq. (3) of :mod:`specdec.adaptive`): drafts are
-  priced by their marginal cost there, so speculation turns itself off under load where it does not pay.
+  else the first draft model; k = the number of leading positions whose estimate is at least 1/2 (at least 1).
+- ``auto``: the option (plain step, n-gram with k, suffix decoding with k, each drafter with k, timed and
+  scored on its own) of highest predicted tokens per second, with probes after runs of plain steps
+  (:class:`ProbeSchedule`; a probe tries the best option, whichever drafter it is). In a call shared
+  with other sequences the rate is the call's (eq. (3) of :mod:`specdec.adaptive`): drafts are priced
+  by their marginal cost there, so speculation turns itself off under load where it does not pay.
   Suffix decoding (:mod:`specdec.proposers.suffix`) comes with a confidence per draft (count ratios); its
   acceptance estimate at position ``j`` is the smaller of that confidence and what suffix proposals have
   earned there (kind ``suffix``), so counts that show a split lower the estimate, and counts alone never
   raise it above what the text has shown.
 
-The draft model is prefilled lazily, the first time it drafts, so a request that never needs it never
+Each draft model is prefilled lazily, the first time it drafts, so a request that never needs it never
 pays its prefill. This module knows token ids and proposers; it never sees the target's logits.
 """
 
@@ -34,7 +36,8 @@ import numpy as np
 from specdec.adaptive import AcceptanceStats, Choice, CostModel, expected_tokens
 from specdec.backends.cache import SequenceCache
 from specdec.params import SamplingParams, SpecConfig
-from specdec.proposers.base import EMPTY_PROPOSAL, Draws, Outcome, Proposal, ProposerContext, register
+from specdec.proposers.base import (EMPTY_PROPOSAL, Draws, Outcome, Proposal, ProposerContext, is_draft_kind,
+                                    register)
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.ngram import NgramIndex
 from specdec.proposers.suffix import SuffixProposer
@@ -43,7 +46,7 @@ RULE_THRESHOLD = 0.5
 """``hybrid`` drafts while the estimated acceptance of the next position is at least this."""
 
 DRAFT_MARGIN = 1.05
-"""``auto`` considers the draft model only if, with every draft accepted, it would beat plain decoding by
+"""``auto`` considers a draft model only if, with every draft accepted, it would beat plain decoding by
 this factor: a draft that cannot gain 5% even then is not worth its prefill and probes."""
 
 START_K = 2
@@ -124,7 +127,7 @@ def _gain(choice: Choice, plain: Choice) -> float:
 
 
 def _kind(source: str, order: int) -> str:
-    """The kind of proposal whose acceptance is pooled: ``ngram{order}``, ``suffix`` or ``draft``."""
+    """The kind of proposal whose acceptance is pooled: ``ngram{order}``, ``suffix`` or a drafter's kind."""
     return f"ngram{order}" if source == "ngram" else source
 
 
@@ -135,23 +138,27 @@ def _leading(accept: np.ndarray, threshold: float) -> int:
 
 
 class HybridProposer:
-    """N-gram lookup first, the draft model otherwise; see the module docstring.
+    """N-gram lookup first, the draft models otherwise; see the module docstring.
 
     Args:
-        draft: The draft-model proposer (prefilled lazily), or None (n-gram only).
+        draft: The draft-model proposer (prefilled lazily), or None; shorthand for ``drafts={"draft": draft}``.
         ngram_max: Longest suffix n-gram matched.
         ngram_min: Shortest suffix n-gram matched.
         cost_model: The engine's :class:`~specdec.adaptive.CostModel` (timings and pooled acceptance),
             read here and fed by the step's reports.
         adaptive: True for ``auto`` (choose by the cost model), False for ``hybrid`` (by acceptance).
         suffix: A suffix-decoding proposer as one more source for ``auto`` (single paths), or None.
+        drafts: Drafter kind -> draft-model proposer (prefilled lazily), in the engine's order: ``auto``
+            weighs each; ``hybrid`` uses the first.
     """
 
     def __init__(self, draft: DraftModelProposer | None = None, ngram_max: int = 3, ngram_min: int = 1,
-                 cost_model: CostModel | None = None, adaptive: bool = False, suffix: SuffixProposer | None = None):
+                 cost_model: CostModel | None = None, adaptive: bool = False, suffix: SuffixProposer | None = None,
+                 drafts: dict[str, DraftModelProposer] | None = None):
+        assert draft is None or drafts is None, "pass draft or drafts"
         self.index = NgramIndex(ngram_min, ngram_max)
         self.suffix = suffix if adaptive else None
-        self.draft = draft
+        self.drafts = dict(drafts) if drafts is not None else ({} if draft is None else {"draft": draft})
         self.cost = cost_model if cost_model is not None else CostModel()
         self.adaptive = adaptive
         self.probe = ProbeSchedule()
@@ -159,22 +166,27 @@ class HybridProposer:
         self._stats: dict[str, AcceptanceStats] = {}
         self._cap: dict[str, int] = {}  # per source (draft, ngram, suffix): most drafts allowed now (slow start)
 
+    @property
+    def draft(self) -> DraftModelProposer | None:
+        """The first drafter's proposer, or None."""
+        return next(iter(self.drafts.values()), None)
+
     def stats(self, kind: str) -> AcceptanceStats:
-        """This request's acceptance statistics of one kind (``draft``, ``ngramN``, ``suffix``)."""
+        """This request's acceptance statistics of one kind (a drafter's, ``ngramN``, ``suffix``)."""
         if kind not in self._stats:
             self._stats[kind] = self.cost.stats(kind)
         return self._stats[kind]
 
     def cap(self, kind: str) -> int:
-        """Most drafts ``auto`` may propose now from a source (``"draft"``, ``"ngram"``, ``"suffix"``): :data:`START_K`
-        at first in a request, doubling each time a block is accepted whole (slow start). Estimates for positions
-        this request has not reached come from other requests; a long block on their word alone can cost
-        a dozen plain steps on a CPU, so k grows only as this text earns it."""
+        """Most drafts ``auto`` may propose now from a source (a drafter's kind, ``"ngram"``, ``"suffix"``):
+        :data:`START_K` at first in a request, doubling each time a block is accepted whole (slow start).
+        Estimates for positions this request has not reached come from other requests; a long block on their
+        word alone can cost a dozen plain steps on a CPU, so k grows only as this text earns it."""
         return self._cap.get(kind, START_K)
 
     def _accept(self, source: str, order: int, available: int) -> np.ndarray:
         """``[min(available, cap)] float64`` conditional acceptance estimates of ``source`` (``"ngram"``,
-        whose kind is ``ngram{order}``, ``"suffix"`` or ``"draft"``), capped by :meth:`cap`."""
+        whose kind is ``ngram{order}``, ``"suffix"`` or a drafter's kind), capped by :meth:`cap`."""
         return self.stats(_kind(source, order)).conditional(min(available, self.cap(source)))
 
     def _suffix_accept(self, proposal: Proposal) -> np.ndarray:
@@ -184,24 +196,24 @@ class HybridProposer:
         return np.minimum(learned, np.asarray(proposal.confidence[: len(learned)], dtype=np.float64))
 
     def prepare(self, context: Sequence[int]) -> None:
-        """Index the prompt (or its next chunk); the draft model is prefilled lazily when it first drafts."""
+        """Index the prompt (or its next chunk); each draft model is prefilled lazily when it first drafts."""
         self.index.sync(context)
         if self.suffix is not None:
             self.suffix.prepare(context)
-        if self.draft is not None:
-            self.draft.prepare(context)
+        for d in self.drafts.values():
+            d.prepare(context)
 
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, draws: Draws
     ) -> Proposal:
-        """Draft up to ``k`` tokens from the n-gram index, suffix decoding (``auto``) or the draft model
-        (possibly none); the proposal's ``kind`` is ``ngramN``, ``suffix`` or ``draft``."""
+        """Draft up to ``k`` tokens from the n-gram index, suffix decoding (``auto``) or a draft model
+        (possibly none); the proposal's ``kind`` is ``ngramN``, ``suffix`` or the drafter's kind."""
         if k <= 0:
             return EMPTY_PROPOSAL
         self.index.sync(context)
         match, order = self.index.lookup(k)
         suffix = self.suffix.propose(context, k, params, draws) if self.suffix is not None else EMPTY_PROPOSAL
-        catchup = self.draft.catchup(context) if self.draft is not None else len(context)
+        catchup = {kind: d.catchup(context) for kind, d in self.drafts.items()}  # drafter -> unseen tokens
         if self.adaptive:
             choice = self._choose_auto(match, order, k, catchup, params.greedy, suffix)
         else:
@@ -212,23 +224,23 @@ class HybridProposer:
         if choice.source == "suffix":
             return dataclasses.replace(suffix, tokens=suffix.tokens[: choice.k],
                                        confidence=suffix.confidence[: choice.k], alternatives=())
-        if choice.source == "draft":
-            assert self.draft is not None
-            return self.draft.propose(context, choice.k, params, draws, kind="draft")
+        if choice.source in self.drafts:
+            return self.drafts[choice.source].propose(context, choice.k, params, draws, kind=choice.source)
         return EMPTY_PROPOSAL
 
     # -- the two policies -----------------------------------------------------------------------
-    def _choose_rule(self, match: list[int], order: int, k: int, catchup: int, greedy: bool) -> Choice:
+    def _choose_rule(self, match: list[int], order: int, k: int, catchup: dict[str, int], greedy: bool) -> Choice:
+        first = next(iter(self.drafts), None)  # hybrid's rule knows one drafter: the first
         if match:
             accept = self.stats(f"ngram{order}").conditional(len(match))
-            if accept[0] >= RULE_THRESHOLD or self.draft is None:
+            if accept[0] >= RULE_THRESHOLD or first is None:
                 return Choice("ngram", max(1, _leading(accept, RULE_THRESHOLD)), math.nan, math.nan)
-        if self.draft is not None:
-            accept = self.stats("draft").conditional(k)
-            return Choice("draft", max(1, _leading(accept, RULE_THRESHOLD)), math.nan, math.nan)
+        if first is not None:
+            accept = self.stats(first).conditional(k)
+            return Choice(first, max(1, _leading(accept, RULE_THRESHOLD)), math.nan, math.nan)
         return Choice(None, 0, 1.0, math.nan)
 
-    def _choose_auto(self, match: list[int], order: int, k: int, catchup: int, greedy: bool,
+    def _choose_auto(self, match: list[int], order: int, k: int, catchup: dict[str, int], greedy: bool,
                      suffix: Proposal = EMPTY_PROPOSAL) -> Choice:
         cm, load = self.cost, self.cost.load  # load: what else shares this step's target call, eq. (3)
         plain = cm.plain(greedy, load)
@@ -243,12 +255,12 @@ class HybridProposer:
             c = cm.best_k(self._suffix_accept(suffix), lambda j: 0.0, greedy, load=load)
             if c is not None:
                 options.append(dataclasses.replace(c, source="suffix"))
-        if self.draft is not None:
-            cost = lambda j: cm.draft_seconds(j, catchup, greedy)  # noqa: E731
-            c = cm.best_k(self._accept("draft", order, k), cost, greedy, load=load)
+        for kind in self.drafts:  # each drafter is an option of its own, timed and scored on its own
+            cost = lambda j, kind=kind: cm.draft_seconds(j, catchup[kind], greedy, drafter=kind)  # noqa: E731
+            c = cm.best_k(self._accept(kind, order, k), cost, greedy, load=load)
             ub = cm.best_k(np.ones(k), cost, greedy, load=load)  # perfect acceptance: could the draft ever pay?
             if c is not None and ub is not None and _gain(ub, plain) > DRAFT_MARGIN - 1:
-                options.append(dataclasses.replace(c, source="draft"))
+                options.append(dataclasses.replace(c, source=kind))
         best = max(options, key=lambda c: c.rate, default=None)
         if best is not None and best.rate > plain.rate:
             self.probe.speculating()
@@ -257,7 +269,7 @@ class HybridProposer:
             return self._probe(best, match, order, k, catchup, greedy, plain, suffix) or plain
         return plain
 
-    def _probe(self, best: Choice, match: list[int], order: int, k: int, catchup: int, greedy: bool,
+    def _probe(self, best: Choice, match: list[int], order: int, k: int, catchup: dict[str, int], greedy: bool,
                plain: Choice, suffix: Proposal = EMPTY_PROPOSAL) -> Choice | None:
         """A cheap step of ``best``'s source to refresh its acceptance estimate: the best k whose step is
         predicted to take at most :data:`PROBE_COST` - 1 lone plain steps longer than the plain step (in a
@@ -269,19 +281,22 @@ class HybridProposer:
             c = cm.best_k(self._accept("ngram", order, len(match)), lambda j: 0.0, greedy, budget, load)
         elif best.source == "suffix":
             c = cm.best_k(self._suffix_accept(suffix), lambda j: 0.0, greedy, budget, load)
-        else:
-            cost = lambda j: cm.draft_seconds(j, catchup, greedy, horizon=1)  # noqa: E731
-            c = cm.best_k(self._accept("draft", order, k), cost, greedy, budget, load)
+        else:  # a drafter
+            drafter = best.source
+            cost = lambda j: cm.draft_seconds(j, catchup[drafter], greedy, horizon=1, drafter=drafter)  # noqa: E731
+            c = cm.best_k(self._accept(drafter, order, k), cost, greedy, budget, load)
         return None if c is None else dataclasses.replace(c, source=best.source, probe=True)
 
-    def _log(self, choice: Choice, order: int, catchup: int, greedy: bool, suffix: Proposal = EMPTY_PROPOSAL) -> None:
+    def _log(self, choice: Choice, order: int, catchup: dict[str, int], greedy: bool,
+             suffix: Proposal = EMPTY_PROPOSAL) -> None:
         """Add the step's prediction (non-optimistic sizes, in the call's load) to the request's log."""
         cm, tokens, b = self.cost, 1.0, self.cost.load.tokens
         if choice.source == "suffix" and choice.k:
             tokens = float(expected_tokens(self._suffix_accept(suffix)[: choice.k])[-1])
         elif choice.source is not None and choice.k:
             tokens = float(expected_tokens(self.stats(_kind(choice.source, order)).conditional(choice.k))[-1])
-        prop = cm.draft_seconds(choice.k, catchup, greedy) if choice.source == "draft" else 0.0
+        drafter = choice.source if choice.source in self.drafts else None
+        prop = cm.draft_seconds(choice.k, catchup[drafter], greedy, drafter=drafter) if drafter else 0.0
         seconds = prop + cm.step_seconds(b + choice.k + 1, greedy)
         self.log.add(Choice(choice.source, choice.k, tokens, seconds, choice.probe), cm.step_seconds(b + 1, greedy))
 
@@ -293,7 +308,7 @@ class HybridProposer:
         if kind is None:
             return
         self.stats(kind).observe(outcome.proposed, outcome.accepted)
-        source = kind if kind in ("draft", "suffix") else "ngram"
+        source = kind if kind == "suffix" or is_draft_kind(kind) else "ngram"
         if self.adaptive and outcome.accepted == outcome.proposed:
             self._cap[source] = 2 * self.cap(source)
 
@@ -302,22 +317,26 @@ class HybridProposer:
         return self.log.report()
 
     def close(self) -> None:
-        """Free the draft sequence; hand the output to the engine's suffix cache (when it keeps one)."""
+        """Free the draft sequences; hand the output to the engine's suffix cache (when it keeps one)."""
         if self.suffix is not None:
             self.suffix.close()
-        if self.draft is not None:
-            self.draft.close()
+        for d in self.drafts.values():
+            d.close()
 
 
 def _hybrid_factory(adaptive: bool):
     def factory(ctx: ProposerContext, spec: SpecConfig) -> HybridProposer:
-        draft = None if ctx.draft is None else DraftModelProposer(
-            SequenceCache(ctx.draft), ctx.vocab_size, p_min=spec.draft_p_min, lazy_prefill=True)
+        backends = ctx.drafts if adaptive else ctx.drafts[:1]  # hybrid's rule knows one drafter
+        drafts = {kind: DraftModelProposer(SequenceCache(b), ctx.vocab_size, p_min=spec.draft_p_min,
+                                           lazy_prefill=True, drafter=kind)
+                  for kind, b in zip(ctx.draft_kinds, backends)}
         suffix = SuffixProposer(spec.suffix_depth, spec.suffix_min_prob, 0, ctx.suffix_cache) if adaptive else None
-        return HybridProposer(draft, spec.ngram_max, spec.ngram_min, ctx.cost, adaptive=adaptive, suffix=suffix)
+        return HybridProposer(ngram_max=spec.ngram_max, ngram_min=spec.ngram_min, cost_model=ctx.cost,
+                              adaptive=adaptive, suffix=suffix, drafts=drafts)
 
     factory.__doc__ = (f"``{'auto' if adaptive else 'hybrid'}``: n-gram lookup"
-                       f"{', suffix decoding' if adaptive else ''} or the draft model.")
+                       f"{', suffix decoding' if adaptive else ''} or "
+                       f"{'each' if adaptive else 'the first'} draft model.")
     return factory
 
 

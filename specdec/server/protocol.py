@@ -134,7 +134,8 @@ class TokenProvenanceOut(BaseModel):
         description="accepted: a draft token the target accepted; recovered: the target's token after a "
         "rejection; bonus: the target's token after a fully accepted block; plain: the target's token of a "
         "step without drafts.")
-    drafter: str | None = Field(description="The kind of proposal of its step (draft, ngram3, suffix, ...), "
+    drafter: str | None = Field(description="The kind of proposal of its step (draft for the first draft model, "
+                                "draft:<name> for another, ngram3, suffix, ...), "
                                 "null when unnamed or on a plain step.")
     step: int = Field(description="The target call that committed it, 0-based; one step's tokens arrive together.")
     proposed: int = Field(description="Drafts its step verified.")
