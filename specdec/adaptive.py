@@ -160,17 +160,20 @@ class TimingTable:
             return math.nan
         return self._from_sizes(sizes, n, optimistic)
 
-    def curve(self, optimistic: bool = False) -> np.ndarray:
-        """``[n_max+1] float64``: :meth:`estimate` of every size ``n = 0..n_max`` at once (index 0 and
-        every size when nothing is measured: NaN), for decisions that price many sizes per step."""
-        out = np.full(self.n_max + 1, math.nan)
+    def curve(self, optimistic: bool = False, upto: int | None = None) -> np.ndarray:
+        """``[upto+1] float64``: :meth:`estimate` of every size ``n = 0..upto`` (default ``n_max``) at once
+        (index 0 and every size when nothing is measured: NaN), for decisions that price many sizes per
+        step; ``upto`` keeps that cheap when the table tracks thousands of sizes (prompt chunks)."""
+        upto = self.n_max if upto is None else min(upto, self.n_max)
+        out = np.full(upto + 1, math.nan)
         sizes = np.flatnonzero(self.count)
         if len(sizes) == 0:
             return out
-        out[1:] = self._from_sizes_all(sizes, np.arange(1, self.n_max + 1), optimistic)
-        out[sizes] = self.mean[sizes]
+        out[1:] = self._from_sizes_all(sizes, np.arange(1, upto + 1), optimistic)
+        inside = sizes[sizes <= upto]
+        out[inside] = self.mean[inside]
         if optimistic and len(sizes) > 1:  # a size with < 3 samples: the smaller of its mean and its neighbours'
-            few = np.flatnonzero(self.count[sizes] < 3)  # [f] indices into sizes
+            few = np.flatnonzero((self.count[sizes] < 3) & (sizes <= upto))  # [f] indices into sizes
             lo, hi = sizes[np.maximum(few - 1, 0)], sizes[np.minimum(few + 1, len(sizes) - 1)]
             n = sizes[few]
             w = np.where(hi > lo, (n - lo) / np.maximum(hi - lo, 1), 0.0)
@@ -328,6 +331,8 @@ class CostModel:
         self._version = 0  # bumped by every target measurement (invalidates ``curve``)
         self._curves: dict[tuple, np.ndarray] = {}  # (greedy, optimistic) -> [CALL_N_MAX+1] S(n)
         self._curves_version = -1  # the _version they were computed at
+        self._limits: dict[bool, int] = {}  # greedy -> size_limit, at _limits_version
+        self._limits_version = -1
 
     # -- feedback -------------------------------------------------------------------------------
     def observe_step(self, report) -> None:
@@ -412,10 +417,14 @@ class CostModel:
         see the module docstring) is never far beyond what is known: on a CPU where ``S(17)`` is 12x
         ``S(1)``, one optimistic guess must not cost a dozen plain steps.
         """
-        sizes = np.flatnonzero(self.target[greedy].count)
-        if len(sizes) == 0:
-            sizes = np.flatnonzero(self.target[not greedy].count)
-        return max(2, 2 * int(sizes[-1])) if len(sizes) else 2
+        if self._limits_version != self._version:
+            self._limits, self._limits_version = {}, self._version
+        if greedy not in self._limits:
+            sizes = np.flatnonzero(self.target[greedy].count)
+            if len(sizes) == 0:
+                sizes = np.flatnonzero(self.target[not greedy].count)
+            self._limits[greedy] = max(2, 2 * int(sizes[-1])) if len(sizes) else 2
+        return self._limits[greedy]
 
     def best_k(self, accept: np.ndarray, prop_seconds, greedy: bool, max_seconds: float = math.inf,
                load: Load = ALONE) -> Choice | None:
@@ -452,10 +461,13 @@ class CostModel:
         key = (greedy, optimistic)
         if self._curves_version != self._version:
             self._curves, self._curves_version = {}, self._version
-        if key not in self._curves:
-            table = self.target[greedy] if self.target[greedy].measured else self.target[not greedy]
-            self._curves[key] = table.curve(optimistic)
-        full = self._curves[key]
+        table = self.target[greedy] if self.target[greedy].measured else self.target[not greedy]
+        full = self._curves.get(key)
+        if full is None or (len(full) <= n_max and len(full) <= table.n_max):
+            # sizes up to a power of two >= n_max (64 at least): a step prices a few dozen sizes, a
+            # prefill budget a few thousand; computing all CALL_N_MAX every step cost ~0.1 ms
+            upto = max(64, 1 << max(0, n_max).bit_length())
+            self._curves[key] = full = table.curve(optimistic, upto)
         if n_max < len(full):
             return full[: n_max + 1]
         return np.concatenate((full, np.full(n_max + 1 - len(full), full[-1])))

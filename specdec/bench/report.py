@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec.adaptive import CostModel, TimingTable
+from specdec.proposers.base import is_draft_kind
 from specdec.bench.plots import plots, score_curve_plot, split_name
 from specdec.stats import acceptance_rate, mean_accepted_length
 
@@ -36,7 +37,8 @@ from specdec.stats import acceptance_rate, mean_accepted_length
 def cost_snapshot(cost: CostModel, greedy: bool) -> dict:
     """The engine's cost tables as JSON: ``S`` (seconds by tokens scored, measured sizes only), sample
     counts, and the draft model's seconds per token."""
-    return {"greedy": greedy, **cost.target[greedy].snapshot(), "draft_token_seconds": cost.draft_token.estimate(1)}
+    return {"greedy": greedy, **cost.target[greedy].snapshot(), "draft_token_seconds": cost.draft_token.estimate(1),
+            "drafter_token_seconds": {kind: token.estimate(1) for kind, (token, _) in cost.draft_timing.items()}}
 
 
 def _num(x) -> float:
@@ -62,14 +64,17 @@ def _limit(acc: list[float], table: TimingTable, t_draft: float) -> float:
     return best
 
 
-def _predicted(steps: list[dict], tokens: float, table: TimingTable, t_draft: float) -> float:
+def _predicted(steps: list[dict], tokens: float, table: TimingTable, t_draft: float,
+               t_drafters: dict | None = None) -> float:
     """Decode speed-up the cost tables predict for ``steps`` (one ``{source: {k: count}}`` per run) that
-    committed ``tokens``: ``tokens / sum(count * (D(k) + S(k+1))) * S(1)``."""
+    committed ``tokens``: ``tokens / sum(count * (D(k) + S(k+1))) * S(1)``; a drafter's ``D(k)`` is ``k``
+    times its seconds per token (``t_drafters[kind]``, else ``t_draft``)."""
     seconds = 0.0
     for by_source in steps:
         for source, by_k in by_source.items():
             for k, n in by_k.items():
-                d = int(k) * t_draft if source == "draft" else 0.0
+                t = _num((t_drafters or {}).get(source, t_draft))
+                d = int(k) * t if is_draft_kind(source) else 0.0
                 seconds += n * (d + table.estimate(int(k) + 1))
     return _ratio(tokens / seconds, 1 / table.estimate(1)) if seconds > 0 else math.nan
 
@@ -86,12 +91,12 @@ def _predicted_fixed(runs: list[dict], source: str, table: TimingTable, t_draft:
     return _predicted(steps, sum(r.get("committed", 0) - 1 for r in runs), table, t_draft)
 
 
-def _predicted_adaptive(runs: list[dict], table: TimingTable, t_draft: float) -> float:
+def _predicted_adaptive(runs: list[dict], table: TimingTable, t_draft: float, t_drafters: dict | None = None) -> float:
     """Decode speed-up the cost tables predict for hybrid/auto runs from the steps they took (``adaptive.
     steps``: source -> k -> count) and the tokens committed."""
     steps = [(r.get("adaptive") or {}).get("steps") or {} for r in runs]
     tokens = sum(r.get("committed", 0) - 1 for r, s in zip(runs, steps) if s)  # the first token: the prefill's
-    return _predicted(steps, tokens, table, t_draft)
+    return _predicted(steps, tokens, table, t_draft, t_drafters)
 
 
 def summarize(doc: dict) -> list[dict]:
@@ -136,7 +141,7 @@ def summarize(doc: dict) -> list[dict]:
                 w = [(r.get("adaptive") or {}).get("predicted_speedup", math.nan) for r in rs]
                 ok = [(x, r["new_tokens"]) for x, r in zip(w, rs) if x is not None and not math.isnan(x)]
                 row["planned"] = sum(x * n for x, n in ok) / sum(n for _, n in ok) if ok else math.nan
-                row["predicted"] = _predicted_adaptive(rs, table, t_draft)
+                row["predicted"] = _predicted_adaptive(rs, table, t_draft, snaps[m].get("drafter_token_seconds"))
             elif base in ("none", "draft", "draft-pmin", "ngram"):
                 row["predicted"] = _predicted_fixed(rs, "draft" if base.startswith("draft") else "ngram", table, t_draft)
             lim = {"draft": _limit(acc_of.get("draft" + suffix, []), table, t_draft),

@@ -51,7 +51,7 @@ class BenchConfig:
     """
 
     target: str | None = None
-    draft: str | None = None
+    draft: str | tuple[str, ...] | None = None  # several: auto weighs them all; fixed-k methods use the first
     data_dir: str | None = None
     categories: tuple[str, ...] = CATEGORIES
     per_category: int = 5
@@ -179,8 +179,11 @@ class _Runner:
 
         self.cfg = cfg
         self.target_path = resolve_model(cfg.target or DEFAULT_TARGET, progress=cfg.progress)
-        self.draft_path = resolve_model(cfg.draft or DEFAULT_DRAFT, progress=cfg.progress)
-        self.engines = {b: load_engine(str(self.target_path), str(self.draft_path), SpecConfig(method="auto"),
+        drafts = (cfg.draft,) if isinstance(cfg.draft, str) else tuple(cfg.draft or (DEFAULT_DRAFT,))
+        self.draft_paths = [resolve_model(d, progress=cfg.progress) for d in drafts]
+        self.draft_path = self.draft_paths[0]  # the fixed-k methods' and the peers' draft
+        self.engines = {b: load_engine(str(self.target_path), [str(d) for d in self.draft_paths],
+                                       SpecConfig(method="auto"),
                                        n_ctx=cfg.n_ctx, n_seq_max=1, n_threads=cfg.threads, progress=cfg.progress,
                                        backend=b) for b in cfg.backends}
         self.engine = self.engines[cfg.backends[0]]
@@ -322,7 +325,8 @@ def run_bench(cfg: BenchConfig) -> dict:
         "config": {**dataclasses.asdict(cfg), "variants": cfg.variants()},
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": runner.threads,
                     "load_start": load_start, "load_end": os.getloadavg(), "time": time.strftime("%Y-%m-%d %H:%M:%S")},
-        "models": {"target": str(runner.target_path), "draft": str(runner.draft_path)},
+        "models": {"target": str(runner.target_path), "draft": str(runner.draft_path),
+                   "drafts": [str(d) for d in runner.draft_paths]},
         "notes": notes,
         "cost_model": report.cost_snapshot(runner.engine.cost, greedy),
         "cost_models": {b: report.cost_snapshot(e.cost, greedy) for b, e in runner.engines.items()},

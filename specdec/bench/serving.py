@@ -9,8 +9,9 @@ level and system, systems in an order rotated per cell), so machine noise hits a
 
 Workloads (:mod:`specdec.bench.workloads`): ``single`` (independent one-turn chats), ``multi-turn`` (each
 turn resends the conversation), ``shared-prefix`` (one long system prompt, different questions). Every
-level of a workload gets THE SAME requests; each cell marks its requests with its own tag at the start of
-the first message, so no cell reuses another cell's prompt cache (within a cell, the shared system prompt
+level of a workload gets THE SAME requests; each cell marks each system's requests with its own tag at the
+start of the first message, so no cell (and no other method on the same server) reuses another's prompt
+cache (within a cell, the shared system prompt
 and the earlier turns are shared, as in real traffic).
 
 Modes: closed loop (``--concurrency``: c clients, each takes the next job when its last one finished) and
@@ -297,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
                 for mode in [("c", c) for c in levels] + [("rate", r) for r in rates]:
                     order = systems[cell % len(systems):] + systems[: cell % len(systems)]
                     for system in order:
-                        tagged = [job.tagged(f"[{rnd}.{cell}]") for job in jobs[workload]]
+                        # tagged per cell AND system: specdec's methods share one server process, whose
+                        # prefix cache would otherwise serve the second method the first one's prompts
+                        tagged = [job.tagged(f"[{rnd}.{cell}.{systems.index(system)}]") for job in jobs[workload]]
                         if mode[0] == "c":
                             s, wall = await closed_loop(system, tagged, mode[1], workload, args.max_tokens)
                         else:

@@ -15,7 +15,9 @@ def add_parser(sub) -> None:
     """Register ``bench`` on the subcommand parsers ``sub``."""
     b = sub.add_parser("bench", help="benchmark every method on Spec-Bench and HumanEval, with llama-server as peer")
     b.add_argument("--target", help="target model: a known name or a GGUF path")
-    b.add_argument("--draft", help="draft model: a known name or a GGUF path")
+    b.add_argument("--draft", action="append", default=None,
+                   help="draft model: a known name or a GGUF path; repeat for several drafters (auto weighs "
+                        "them all; draft, draft-pmin, hybrid and the peers use the first)")
     b.add_argument("--n-ctx", type=int, default=4096, help="context window in tokens (default 4096)")
     b.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
     b.add_argument("--data", default=None, help="folder with spec_bench/ and humaneval/ (default ../shared/data)")
@@ -66,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give --backend or --backends, not both")
 
     cfg = BenchConfig(
-        target=args.target, draft=args.draft, data_dir=args.data, categories=split(args.categories, CATEGORIES),
+        target=args.target, draft=tuple(args.draft) if args.draft else None, data_dir=args.data,
+        categories=split(args.categories, CATEGORIES),
         per_category=args.per_category, max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
         methods=split(args.methods, METHODS), draft_k=args.draft_k, ngram_k=args.ngram_k, p_min=args.p_min,
         n_ctx=args.n_ctx, threads=args.threads, out_dir=args.out, llama_server=args.llama_server,
@@ -100,7 +103,7 @@ def _bench_hf(args: argparse.Namespace, methods: tuple[str, ...]) -> int:
     hf_peer.add_arguments(peer_parser)
     ns = peer_parser.parse_args([])  # hf_peer's defaults, then the bench's options
     vars(ns).update(
-        target=args.target, draft=args.draft, data=str(data),
+        target=args.target, draft=args.draft[0] if args.draft else None, data=str(data),
         per_category=args.per_category, max_tokens=args.max_tokens, k=args.draft_k,
         spec=["auto"] if "auto" in methods else [], skip=[] if "none" in methods or not methods else ["specdec_none"],
         threads=args.threads or 2, device=args.device or "cpu", dtype=args.dtype or "float32",

@@ -257,9 +257,11 @@ class HybridProposer:
                 options.append(dataclasses.replace(c, source="suffix"))
         for kind in self.drafts:  # each drafter is an option of its own, timed and scored on its own
             cost = lambda j, kind=kind: cm.draft_seconds(j, catchup[kind], greedy, drafter=kind)  # noqa: E731
-            c = cm.best_k(self._accept(kind, order, k), cost, greedy, load=load)
             ub = cm.best_k(np.ones(k), cost, greedy, load=load)  # perfect acceptance: could the draft ever pay?
-            if c is not None and ub is not None and _gain(ub, plain) > DRAFT_MARGIN - 1:
+            if ub is None or _gain(ub, plain) <= DRAFT_MARGIN - 1:
+                continue  # (the usual verdict on a CPU: then its acceptance need not be priced at all)
+            c = cm.best_k(self._accept(kind, order, k), cost, greedy, load=load)
+            if c is not None:
                 options.append(dataclasses.replace(c, source=kind))
         best = max(options, key=lambda c: c.rate, default=None)
         if best is not None and best.rate > plain.rate:

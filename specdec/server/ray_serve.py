@@ -248,8 +248,11 @@ def run_ray(args: argparse.Namespace) -> None:
     if args.port == 0:
         raise ValueError("--port 0 (any free port) does not work with --ray: give Ray Serve's proxy a port")
     local = args.ray_address is None
+    # A local cluster for a loopback server lives on loopback too: Ray's own ports (GCS, raylet, object
+    # store) take no authentication, and nobody off this machine should reach them.
+    loopback = local and args.host in ("127.0.0.1", "localhost", "::1")
     ray.init(address="local" if local else args.ray_address, include_dashboard=False if local else None,
-             log_to_driver=False)
+             log_to_driver=False, **({"_node_ip_address": "127.0.0.1"} if loopback else {}))
     try:
         lo, _, n = scaling_bounds(args)
         need = max(n, lo or 0) * (args.threads or 1)

@@ -215,3 +215,24 @@ def test_multi_turn_prompts_carry_the_first_turn_and_its_answer(smoke, data_dir)
     runs = [r for r in doc["runs"] if r["category"] == "multi-turn"]
     single = next(r for r in doc["runs"] if r["category"] == "mt_bench" and r["method"] == "none")
     assert runs and all(r["prompt_tokens"] > single["prompt_tokens"] for r in runs)
+
+
+def test_bench_takes_several_drafters(tiny_target_path, tiny_draft_path, tiny_model_dir, data_dir, tmp_path):
+    """``--draft A --draft B``: auto weighs both (its steps may name either), the fixed-k methods and the
+    peers use the first; the JSON lists every drafter and the cost model's time per token of each."""
+    from tiny_gguf import write_tiny_qwen2_gguf
+
+    second = write_tiny_qwen2_gguf(tiny_model_dir / "bench_draft2.gguf", seed=2, n_layer=1)
+    cfg = BenchConfig(target=str(tiny_target_path), draft=(str(tiny_draft_path), str(second)),
+                      data_dir=str(data_dir), categories=("code-edit",), per_category=1, max_tokens=6, n_ctx=512,
+                      methods=("none", "draft", "auto"), out_dir=str(tmp_path), progress=False, threads=1,
+                      backends=("llama.cpp",), probe_repeats=1)
+    doc = run_bench(cfg)
+    assert doc["models"]["drafts"] == [str(tiny_draft_path), str(second)]
+    assert doc["models"]["draft"] == str(tiny_draft_path)
+    assert {r["method"] for r in doc["runs"]} == {"none", "draft", "auto"}
+    assert "drafter_token_seconds" in doc["cost_model"]
+    assert main(["bench", "--draft", str(tiny_draft_path), "--draft", str(second), "--target", str(tiny_target_path),
+                 "--data", str(data_dir), "--categories", "qa", "--per-category", "1", "--max-tokens", "4",
+                 "--methods", "none,auto", "--n-ctx", "512", "--threads", "1", "--backends", "llama.cpp",
+                 "--probe-repeats", "1", "--out", str(tmp_path / "cli"), "--no-warmup"]) == 0
