@@ -131,8 +131,9 @@ def keep_layers(src: Path, dst: Path, spec: str) -> None:
         if m and int(m.group(1)) not in renumber:
             continue
         name = f"blk.{renumber[int(m.group(1))]}.{m.group(2)}" if m else t.name
-        writer.add_tensor(name, t.data, raw_shape=list(reversed([int(d) for d in t.shape])),
-                          raw_dtype=t.tensor_type)
+        # raw_shape is the data's own shape: bytes per row for quantized types, which the writer turns
+        # back into elements (gguf's own scripts copy tensors so); element counts there break Q8_0/Q6_K rows
+        writer.add_tensor(name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

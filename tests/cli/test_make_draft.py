@@ -60,3 +60,21 @@ def test_refuses_to_overwrite_and_bad_files(tmp_path, tiny_target_path, capsys):
         assert main(["make-draft", str(bad), str(tmp_path / "x.gguf"), *how]) == 2
         assert capsys.readouterr().err.strip().count("\n") == 0
     assert not (tmp_path / "x.gguf").exists() and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_layers_of_a_quantized_model_keep_types_and_shapes(tmp_path, tiny_target_path, capsys):
+    """--layers copies quantized tensors byte for byte (the default pair is Q4_K_M: passing element
+    counts as the raw shape failed on its Q8_0/Q6_K rows, "bytes per row not a multiple of the type
+    size"): every kept tensor has its source's type, shape and bytes."""
+    from gguf import GGUFReader
+
+    quantized, out = tmp_path / "q.gguf", tmp_path / "q-l1.gguf"
+    assert main(["make-draft", str(tiny_target_path), str(quantized), "--quantize", "Q4_0"]) == 0
+    assert main(["make-draft", str(quantized), str(out), "--layers", "1"]) == 0
+    src = {t.name: t for t in GGUFReader(quantized).tensors}
+    made = GGUFReader(out).tensors
+    assert any(int(t.tensor_type) not in (0, 1) for t in made)  # some tensor is quantized (not F32/F16)
+    assert {t.name for t in made} == {n for n in src if not n.startswith("blk.") or n.startswith("blk.0.")}
+    for t in made:
+        s = src[t.name]
+        assert (t.tensor_type, list(t.shape), t.data.tobytes()) == (s.tensor_type, list(s.shape), s.data.tobytes())
