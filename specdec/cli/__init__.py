@@ -65,4 +65,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError, ModelDownloadError, BackendError, SchedulerDiedError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"specdec: error: {cli_terms(msg)}", file=sys.stderr)
-        return 2 if isinstance(e, ValueError) else 1
+        return 2 if isinstance(e, (ValueError, FileNotFoundError)) else 1  # 2: the user's input (as argparse)

@@ -85,7 +85,7 @@ def test_bad_input_one_line(capsys, models, extra, fragment):
 
 def test_bad_model_files(capsys, tmp_path, tiny_target_path):
     code, _, err = run(capsys, "generate", "hi", "--target", str(tmp_path / "missing.gguf"))
-    assert code != 0 and "missing.gguf" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "missing.gguf" in err and len(err.strip().splitlines()) == 1  # bad input: 2, as argparse
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a model at all")
     code, _, err = run(capsys, "generate", "hi", "--target", str(junk), "--method", "none")
