@@ -121,7 +121,10 @@ def speculative_step(target: Backend, seqs: Sequence[SequenceState], cost=None,
         with report.isolate(seq):
             plans[seq] = plan = seq.plan_prefill(budget)
             budget = None if budget is None else budget - plan.n_tokens
-    load = Load(sum(p.n_tokens for p in plans.values()), sum(not p.partial for p in plans.values()))
+    # prompt chunks are work the call does whatever the proposals: drafts are priced against its decode
+    # part (a prompt's last chunk counts as one plain decode token, for the first token it commits)
+    done = sum(not p.partial for p in plans.values())
+    load = Load(done, float(done))
     for seq in running:  # 1. propose, and plan what the target scores
         _, committed = expected.pop(seq)
         others = Load(load.tokens + sum(t for t, _ in expected.values()),
