@@ -105,13 +105,16 @@ class ServerMetrics:
         self.drafter_seconds = Counter(
             "specdec_spec_decode_drafter_seconds", "Wall seconds each draft model spent drafting (its catch-up "
             "on unseen tokens included).", ["drafter"], registry=r)
+        self.drafter_calls = Counter(
+            "specdec_spec_decode_drafter_calls", "Forward calls of each draft model: one per draft token, fewer "
+            "when it drafts as a cascade (--cascade: one call checks a guessed block).", ["drafter"], registry=r)
         Gauge("specdec_spec_decode_mean_accepted_length", "Mean accepted length since start: "
               "specdec_spec_decode_committed_tokens / specdec_spec_decode_target_calls, i.e. tokens committed per "
               "target call, the recovered or bonus token included (plain decoding: 1). NaN before any call.",
               registry=r).set_function(self._mean_accepted_length)
         self._seen: dict[object, tuple[int, int, int, int, list[int], list[int]]] = {}
         self._totals = (0, 0)  # (target calls, committed tokens), for the mean accepted length gauge
-        self._seen_drafters: dict[object, dict[str, tuple[int, int, float]]] = {}  # job -> drafter -> counts
+        self._seen_drafters: dict[object, dict[str, tuple[int, int, float, int]]] = {}  # job -> drafter -> counts
 
     def _mean_accepted_length(self) -> float:
         calls, committed = self._totals
@@ -158,11 +161,12 @@ class ServerMetrics:
                            list(s.proposed_by_position), list(s.accepted_by_position))
         seen = self._seen_drafters.setdefault(job, {})
         for drafter, d in s.by_drafter.items():
-            p0, a0, t0 = seen.get(drafter, (0, 0, 0.0))
+            p0, a0, t0, c0 = seen.get(drafter, (0, 0, 0.0, 0))
             self.drafter_tokens.labels(drafter=drafter).inc(d["proposed"] - p0)
             self.drafter_accepted.labels(drafter=drafter).inc(d["accepted"] - a0)
             self.drafter_seconds.labels(drafter=drafter).inc(d["seconds"] - t0)
-            seen[drafter] = (d["proposed"], d["accepted"], d["seconds"])
+            self.drafter_calls.labels(drafter=drafter).inc(d.get("calls", d["proposed"]) - c0)
+            seen[drafter] = (d["proposed"], d["accepted"], d["seconds"], d.get("calls", d["proposed"]))
 
     def request_finished(self, job, reason: str) -> None:
         """A job left the running batch with ``reason`` (stop, length, cancelled, error)."""

@@ -237,6 +237,9 @@ class SpecConfig:
             product of count ratios) falls below this, in [0, 1] (ArcticInference's ``min_token_prob``).
         suffix_alternatives: ``suffix``: most extra candidate branches per step, scored in the same target
             call and verified as a token tree (0: one path).
+        cascade: Draft models draft as a cascade: prompt lookup guesses their next tokens and each
+            guess is scored in one draft-model call (:mod:`specdec.proposers.draft_model`); the same
+            drafts, drawn cheaper where the text repeats. Methods without a draft model ignore it.
         verify: The verifier of sampled requests, a sampling entry of :data:`specdec.verify.VERIFIERS`:
             ``"block"`` (block verification, Sun et al. 2024, arXiv 2403.10444), ``"token"``
             (token-by-token speculative sampling, Leviathan et al. 2023) or ``"gumbel"`` (drafter-invariant
@@ -262,8 +265,11 @@ class SpecConfig:
     suffix_depth: int = 32  # suffix_index.DEFAULT_DEPTH (not imported: params knows no proposer)
     suffix_min_prob: float = 0.1
     suffix_alternatives: int = 0
+    cascade: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.cascade, bool):
+            raise ValueError(f"cascade must be true or false, got {self.cascade!r}")
         methods = method_names()
         if self.method not in methods:
             raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(methods)}")

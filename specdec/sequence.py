@@ -247,7 +247,8 @@ class SequenceState:
                 break
         self.stats.record_step(len(drafts), result.num_accepted, kept)
         if (cost := plan.proposal.draft_cost) is not None:
-            self.stats.record_drafter(cost.drafter, len(drafts), result.num_accepted, cost.seconds)
+            self.stats.record_drafter(cost.drafter, len(drafts), result.num_accepted, cost.seconds,
+                                      cost.calls or cost.evals)
         self._recent_committed += RECENT_WEIGHT * (kept - self._recent_committed)
         if self.noise is not None:
             self.noise.forget_before(self.n_generated)

@@ -42,7 +42,7 @@ class GenerationStats:
         committed: Tokens committed by target calls (recovered/bonus included), for mean accepted length.
         adaptive: For hybrid/auto: the cost model's predicted speed-up and the choices taken by source
             and k (see :class:`specdec.proposers.hybrid.PredictionLog`); empty otherwise.
-        by_drafter: Drafter kind (``draft``, ``draft:<name>``) -> ``{"proposed", "accepted", "seconds"}``:
+        by_drafter: Drafter kind (``draft``, ``draft:<name>``) -> ``{"proposed", "accepted", "seconds", "calls"}``:
             its draft tokens proposed and accepted, and its drafting wall time, seconds.
     """
 
@@ -75,13 +75,16 @@ class GenerationStats:
         for i in range(accepted):
             self.accepted_by_position[i] += 1
 
-    def record_drafter(self, drafter: str, proposed: int, accepted: int, seconds: float) -> None:
-        """Count one step's draft-model work: ``drafter`` proposed ``proposed`` drafts in ``seconds``, of
-        which ``accepted`` were accepted."""
-        d = self.by_drafter.setdefault(drafter, {"proposed": 0, "accepted": 0, "seconds": 0.0})
+    def record_drafter(self, drafter: str, proposed: int, accepted: int, seconds: float,
+                       calls: int | None = None) -> None:
+        """Count one step's draft-model work: ``drafter`` proposed ``proposed`` drafts in ``seconds`` and
+        ``calls`` forward calls (default: one per draft; fewer in a cascade), of which ``accepted`` were
+        accepted."""
+        d = self.by_drafter.setdefault(drafter, {"proposed": 0, "accepted": 0, "seconds": 0.0, "calls": 0})
         d["proposed"] += proposed
         d["accepted"] += accepted
         d["seconds"] += seconds
+        d["calls"] += proposed if calls is None else calls
 
     @property
     def acceptance_rate(self) -> float:

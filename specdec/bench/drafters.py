@@ -3,7 +3,10 @@ makes of all of them together.
 
 For each prompt (greedy), interleaved: plain decoding; ``draft`` (fixed ``k``) with each drafter alone; and
 ``auto`` with every drafter configured at once (the engine of several drafters), whose per-step choices say
-how often it chose each drafter. Cost per token is the drafter's own wall time per drafted token
+how often it chose each drafter; with ``--cascade``, each drafter alone and ``auto`` again as cascades
+(prompt lookup guesses, one draft call checks each guess: :mod:`specdec.proposers.draft_model`), which
+draw the same drafts in fewer draft calls, so the table's calls per draft token say what the inner level
+saves. Cost per token is the drafter's own wall time per drafted token
 (``stats.by_drafter``: drafting seconds / draft tokens) measured inside the runs. One engine per
 configuration, all loaded before the first run; only ratios within one run mean anything.
 
@@ -21,10 +24,10 @@ import time
 from pathlib import Path
 
 
-def _run(engine, ids: list[int], method: str, k: int | None, max_tokens: int):
+def _run(engine, ids: list[int], method: str, k: int | None, max_tokens: int, cascade: bool = False):
     from specdec.params import SamplingParams, SpecConfig
 
-    spec = SpecConfig(method=method, num_speculative_tokens=k)
+    spec = SpecConfig(method=method, num_speculative_tokens=k, cascade=cascade)
     return engine.generate(ids, SamplingParams(temperature=0.0, max_tokens=max_tokens), spec)
 
 
@@ -47,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default=None)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--data", default=None)
+    p.add_argument("--cascade", action="store_true", help="also run each drafter and auto as cascades")
     p.add_argument("--out", default=None, help="write the table here (and FILE.json with every run)")
     args = p.parse_args(argv)
     drafts = [d.strip() for d in args.drafts.split(",") if d.strip()]
@@ -63,14 +67,18 @@ def main(argv: list[str] | None = None) -> int:
     names = every.draft_names
     kinds = drafter_kinds(names)
     load_start = os.getloadavg()
-    configs = [("none", every, "none", None)] + [(f"draft {n}", e, "draft", args.k) for n, e in zip(names, alone)] \
-        + [("auto, every drafter", every, "auto", None)]
+    configs = [("none", every, "none", None, False)] + [
+        (f"draft {n}", e, "draft", args.k, False) for n, e in zip(names, alone)] + [
+        ("auto, every drafter", every, "auto", None, False)]
+    if args.cascade:
+        configs += [(f"draft {n}, cascade", e, "draft", args.k, True) for n, e in zip(names, alone)] + [
+            ("auto, every drafter, cascade", every, "auto", None, True)]
     runs = []
     for i, prompt in enumerate(prompts):
         ids = every.encode_prompt(prompt.text, chat=True)
         order = configs[i % len(configs):] + configs[: i % len(configs)]
-        for name, engine, method, k in order:
-            res = _run(engine, ids, method, k, args.max_tokens)
+        for name, engine, method, k, cascade in order:
+            res = _run(engine, ids, method, k, args.max_tokens, cascade)
             s = res.stats
             runs.append({"config": name, "category": prompt.category, "prompt": prompt.id, "new_tokens": s.new_tokens,
                          "decode_seconds": s.decode_seconds, "proposed": s.proposed, "accepted": s.accepted,
@@ -88,19 +96,29 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# Drafters on {Path(target).name}: {len(prompts)} prompts ({args.categories}), {args.max_tokens} "
              f"tokens, greedy, k={args.k} for the fixed-k runs; load average {load_start[0]:.2f} at the start, "
              f"{load_end[0]:.2f} at the end ({time.strftime('%Y-%m-%d %H:%M')})", "",
-             "| drafter | size MB | ms per draft token | acceptance rate | acceptance by position | mean accepted "
-             "length | decode speed-up, draft k alone | auto chose it (steps) |", "|---|---|---|---|---|---|---|---|"]
+             "| drafter | size MB | ms per draft token | draft calls per draft token | acceptance rate | acceptance "
+             "by position | mean accepted length | decode speed-up, draft k alone | auto chose it (steps) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     auto = [r for r in runs if r["config"] == "auto, every drafter"]
-    for name, kind, path in zip(names, kinds, paths):
-        rs = [r for r in runs if r["config"] == f"draft {name}"]
+    rows = [(name, kind, path, "") for name, kind, path in zip(names, kinds, paths)]
+    if args.cascade:
+        rows += [(name, kind, path, ", cascade") for name, kind, path in zip(names, kinds, paths)]
+    for name, kind, path, tag in rows:
+        rs = [r for r in runs if r["config"] == f"draft {name}{tag}"]
         d = [r["by_drafter"].get("draft", {}) for r in rs]
         tok, secs = sum(x.get("proposed", 0) for x in d), sum(x.get("seconds", 0.0) for x in d)
+        calls = sum(x.get("calls", x.get("proposed", 0)) for x in d)
+        if tag:
+            auto_c = [r for r in runs if r["config"] == f"auto, every drafter{tag}"]
+            chosen = sum(sum(by_k.values()) for r in auto_c for src, by_k in r["steps"].items() if src == kind)
+        else:
+            chosen = sum(sum(by_k.values()) for r in auto for src, by_k in r["steps"].items() if src == kind)
         prop = [sum(r["proposed_by_position"][j] for r in rs if j < len(r["proposed_by_position"])) for j in range(args.k)]
         acc = [sum(r["accepted_by_position"][j] for r in rs if j < len(r["accepted_by_position"])) for j in range(args.k)]
-        chosen = sum(sum(by_k.values()) for r in auto for src, by_k in r["steps"].items() if src == kind)
         proposed, accepted = sum(r["proposed"] for r in rs), sum(r["accepted"] for r in rs)
         mal = sum(r["committed"] for r in rs) / max(1, sum(r["target_calls"] for r in rs))
-        lines.append(f"| {name} | {os.path.getsize(path) / 1e6:.0f} | {1000 * secs / tok if tok else float('nan'):.1f} "
+        lines.append(f"| {name}{tag} | {os.path.getsize(path) / 1e6:.0f} | "
+                     f"{1000 * secs / tok if tok else float('nan'):.1f} | {calls / tok if tok else float('nan'):.2f} "
                      f"| {accepted / proposed if proposed else float('nan'):.2f} | "
                      + " ".join(f"{a / q:.2f}" if q else "-" for a, q in zip(acc, prop))
                      + f" | {mal:.2f} | {rate(rs) / plain:.2f} | {chosen} |")

@@ -51,8 +51,11 @@ def format_stats(res: GenerationResult, label: str) -> str:
             f"acceptance rate      {fmt(s.acceptance_rate)} ({s.accepted}/{s.proposed} drafts)",
             f"acceptance by pos.   {by_pos}",
             *(f"drafter {kind:<12} {fmt(acceptance_rate(d['accepted'], d['proposed']))} "
-              f"({d['accepted']}/{d['proposed']} drafts, {d['seconds']:.3f} s drafting)"
-              for kind, d in s.by_drafter.items() if set(s.by_drafter) != {"draft"}),  # several drafters
+              f"({d['accepted']}/{d['proposed']} drafts in {d.get('calls', d['proposed'])} draft calls, "
+              f"{d['seconds']:.3f} s drafting)"
+              for kind, d in s.by_drafter.items()
+              if set(s.by_drafter) != {"draft"} or d.get("calls", d["proposed"]) != d["proposed"]),  # several
+            # drafters, or a cascade (fewer calls than drafts)
         ]
     )
 

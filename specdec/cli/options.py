@@ -57,6 +57,9 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suffix-alternatives", type=int, default=0,
                    help="suffix: extra candidate branches per step, verified as a token tree in the same target "
                         "call (default 0; each costs its length + 1 scored tokens and a free sequence)")
+    p.add_argument("--cascade", action="store_true",
+                   help="draft models draft as a cascade: prompt lookup guesses their next tokens and each guess "
+                        "is scored in one draft call (the same drafts, cheaper where the text repeats)")
     p.add_argument("--verify", choices=verifier_names(), default=None,
                    help="verifier of sampled requests (default: gumbel with --seed, so the same seed gives the "
                         "same text with or without speculation; block without a seed)")
@@ -99,7 +102,7 @@ def spec_from_args(args: argparse.Namespace) -> SpecConfig:
     """The :class:`SpecConfig` of the speculation options (raises ValueError on bad values)."""
     return SpecConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens, verify=args.verify,
                       draft_p_min=args.draft_p_min, suffix_min_prob=args.suffix_min_prob,
-                      suffix_alternatives=args.suffix_alternatives)
+                      suffix_alternatives=args.suffix_alternatives, cascade=args.cascade)
 
 
 def load_engine_from_args(args: argparse.Namespace, spec: SpecConfig, n_seq_max: int = 4, **kwargs):

@@ -48,12 +48,15 @@ class DraftCost:
         catchup: Committed tokens the draft model had not seen before drafting (1-2 in steady state).
         seconds: Wall time of the drafting, seconds.
         drafter: The drafter's kind (:func:`drafter_kinds`), which keys its timings in the cost model.
+        calls: Draft-model forward calls actually made: ``evals`` one token at a time; fewer in a cascade,
+            whose calls score a guessed block each (:mod:`specdec.proposers.draft_model`); 0 = ``evals``.
     """
 
     evals: int
     catchup: int
     seconds: float
     drafter: str = "draft"
+    calls: int = 0
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,23 @@ class NgramIndex:
                 return toks[e : e + k], n, length
         return [], 0, 0
 
+    def continuation(self, tail: Sequence[int], k: int) -> list[int]:
+        """Up to ``k`` tokens that followed the newest occurrence, in the indexed tokens, of the longest
+        suffix of ``tail`` (``n_max`` down to ``n_min`` tokens); ``[]`` for no match or ``k <= 0``.
+
+        ``tail`` may run past the indexed tokens (a cascade's own drafts, :class:`~specdec.proposers.
+        draft_model.DraftModelProposer`): only its last ``n_max`` tokens are read and the index is not
+        changed, so speculative tokens never enter it.
+        """
+        if k <= 0:
+            return []
+        toks = self.tokens
+        for n in range(min(self.n_max, len(tail)), self.n_min - 1, -1):
+            e = self._end[n].get(tuple(tail[len(tail) - n:]))
+            if e is not None:
+                return toks[e : e + k]
+        return []
+
 
 class NgramProposer:
     """Prompt-lookup proposer.

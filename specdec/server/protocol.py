@@ -40,6 +40,8 @@ class SpeculativeOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     method: str | None = Field(None, description="A SpecConfig method: draft, ngram, suffix, hybrid, auto or none.")
     num_speculative_tokens: int | None = Field(None, ge=0, le=MAX_SPECULATIVE_TOKENS)
+    cascade: bool | None = Field(None, description="Draft models draft as a cascade (prompt lookup guesses, "
+                                 "one draft call checks each guess); default: the server's --cascade.")
     provenance: bool = Field(False, description="Add per-token provenance to each choice (see TokenProvenanceOut).")
 
 

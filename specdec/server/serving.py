@@ -232,7 +232,8 @@ def spec_for(engine, req) -> SpecConfig:
     if k is None and method == base.method:
         k = base.num_speculative_tokens
     try:
-        spec = dataclasses.replace(base, method=method, num_speculative_tokens=k)
+        cascade = base.cascade if opt.cascade is None else opt.cascade
+        spec = dataclasses.replace(base, method=method, num_speculative_tokens=k, cascade=cascade)
     except ValueError as e:
         raise APIError(400, f"speculative: {e}", param="speculative") from None
     try:

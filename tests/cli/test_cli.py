@@ -34,6 +34,16 @@ def test_compare_reports_ratio_and_match(capsys, models):
     assert "speed-up" in err and "outputs match        yes" in err
 
 
+def test_cascade_flag_gives_the_same_text(capsys, models):
+    prompt = "one two three four five one two three four five one two"
+    args = ("generate", prompt, "--raw", "--method", "draft", "-k", "4", "--max-tokens", "24", "--json", *models)
+    code, plain, _ = run(capsys, *args)
+    assert code == 0
+    code, cascade, err = run(capsys, *args, "--cascade")
+    assert code == 0
+    assert json.loads(cascade)["token_ids"] == json.loads(plain)["token_ids"]
+
+
 def test_json_stream_raw_and_ngram(capsys, models):
     code, out, _ = run(capsys, "generate", "abc abc abc", "--raw", "--method", "ngram", "--json",
                        "--max-tokens", "8", *models)

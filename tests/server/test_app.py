@@ -137,6 +137,16 @@ def test_speculative_extension(client, method, k):
     assert r.choices[0].message.content == chat(client, PROMPTS[0]).choices[0].message.content
 
 
+def test_speculative_cascade_is_a_request_option(client):
+    """``speculative.cascade`` reaches the engine: the same greedy text, the draft's work reported."""
+    body = {"speculative": {"method": "draft", "num_speculative_tokens": 4, "cascade": True}}
+    r = chat(client, PROMPTS[0], extra_body=body)
+    spec = r.model_extra["speculative"]
+    assert spec["method"] == "draft" and spec["proposed"] > 0
+    plain = chat(client, PROMPTS[0], extra_body={"speculative": {"method": "draft", "num_speculative_tokens": 4}})
+    assert r.choices[0].message.content == plain.choices[0].message.content
+
+
 def test_sampling_fields_flow_through_by_name(engine, client):
     # top_k is not an OpenAI field: it reaches SamplingParams by name; top_k=1 is greedy
     r = chat(client, PROMPTS[1], temperature=1.0, extra_body={"top_k": 1})

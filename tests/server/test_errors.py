@@ -83,6 +83,7 @@ BAD = {
     "unknown method": ("/chat/completions", chat_body(speculative={"method": "magic"}), 400),
     "k too large": ("/chat/completions", chat_body(speculative={"num_speculative_tokens": 1000}), 400),
     "unknown speculative field": ("/chat/completions", chat_body(speculative={"k": 3}), 400),
+    "cascade a string": ("/chat/completions", chat_body(speculative={"cascade": "yes"}), 400),
     "top_k wrong type": ("/chat/completions", chat_body(top_k="many"), 400),
     "tools": ("/chat/completions", chat_body(tools=[{"type": "function", "function": {"name": "f"}}]), 400),
     "echo": ("/completions", json.dumps({"prompt": "x", "echo": True}).encode(), 400),
