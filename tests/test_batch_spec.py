@@ -195,3 +195,36 @@ def test_each_proposer_is_told_the_others_tokens_and_commits():
         # ... except that a prompt's last chunk counts as one plain decode token
         assert last[i].tokens == 1 + first[i].tokens
         assert last[i].committed == pytest.approx(1 + sum(c for j, c in enumerate(committed_last) if j != i))
+
+
+def probe_choice(seconds, load: Load):
+    """The probe ``auto`` would take for a copy (its n-gram option) with ``load`` sharing the call."""
+    from specdec.proposers.hybrid import PROBE_COST
+
+    cost = FrozenCost(seconds, alpha=0.9)
+    prompt, context = copy_context()
+    p = HybridProposer(cost_model=cost, adaptive=True)
+    p.prepare(prompt)
+    p.index.sync(context)
+    match, order = p.index.lookup(16)
+    cost.load = load
+    plain = cost.plain(True, load)
+    best = cost.best_k(p._accept("ngram", order, len(match)), lambda j: 0.0, True, load=load)
+    best = type(best)("ngram", best.k, best.tokens, best.seconds)
+    probe = p._probe(best, match, order, 16, {}, True, plain)
+    return probe, plain, PROBE_COST
+
+
+def test_a_probe_in_a_shared_call_is_priced_by_what_the_batch_loses():
+    """Alone a probe may take PROBE_COST - 1 plain steps more than a plain step; in a call of eight it
+    delays eight sequences, so it may cost the batch at most that many tokens: a far smaller k."""
+    # 20 ms a call, 5 ms a token: in a call of eight, two free drafts have the better rate (eq. (3)) and fit
+    # a budget of one lone plain step (the old rule), but cost the batch more than one token
+    gentle = lambda n: 0.020 + 0.005 * n  # noqa: E731
+    alone, plain_alone, pc = probe_choice(gentle, ALONE)
+    assert alone.seconds <= plain_alone.seconds + (pc - 1) * gentle(1) + 1e-12
+    assert alone.k == 2  # the slow-start cap
+    shared, plain_shared, pc = probe_choice(gentle, others(7))
+    lost = (shared.seconds - plain_shared.seconds) * plain_shared.rate if shared is not None else 0.0
+    assert lost <= pc - 1 + 1e-9
+    assert shared is None or shared.k < alone.k

@@ -55,7 +55,9 @@ START_K = 2
 
 PROBE_COST = 2.0
 """A probe step may take at most this many plain steps' time: on a CPU, where scoring 2 tokens costs
-about 2 plain steps, a probe drafts 1 token; on a GPU, where 16 cost about 1, it drafts many."""
+about 2 plain steps, a probe drafts 1 token; on a GPU, where 16 cost about 1, it drafts many. In a shared
+call the extra time delays every sequence in it, so it is priced in the call's tokens: the probe may cost
+the batch at most ``PROBE_COST - 1`` tokens of plain decoding (extra seconds x the plain call's rate)."""
 
 
 @dataclass
@@ -274,11 +276,12 @@ class HybridProposer:
     def _probe(self, best: Choice, match: list[int], order: int, k: int, catchup: dict[str, int], greedy: bool,
                plain: Choice, suffix: Proposal = EMPTY_PROPOSAL) -> Choice | None:
         """A cheap step of ``best``'s source to refresh its acceptance estimate: the best k whose step is
-        predicted to take at most :data:`PROBE_COST` - 1 lone plain steps longer than the plain step (in a
-        shared call: its marginal cost), the draft's catch-up paid in full (a probe must not start a long
-        draft prefill)."""
+        predicted to cost at most :data:`PROBE_COST` - 1 tokens of plain decoding: alone, that many lone plain
+        steps longer than the plain step; in a shared call, the extra seconds times the plain call's rate
+        (eq. (3) of :mod:`specdec.adaptive`), since the whole batch waits for it. The draft's catch-up is paid
+        in full (a probe must not start a long draft prefill)."""
         cm, load = self.cost, self.cost.load
-        budget = plain.seconds + (PROBE_COST - 1) * cm.step_seconds(1, greedy)
+        budget = plain.seconds + (PROBE_COST - 1) / plain.rate
         if best.source == "ngram":
             c = cm.best_k(self._accept("ngram", order, len(match)), lambda j: 0.0, greedy, budget, load)
         elif best.source == "suffix":
