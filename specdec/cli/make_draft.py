@@ -1,11 +1,17 @@
 """``specdec make-draft``: write a GGUF drafter from an existing GGUF model (same vocabulary, so it can be
 given as ``--draft``): a smaller quantization (``--quantize``, through llama-cpp-python's
 ``llama_model_quantize`` with ``allow_requantize``) or a subset of its blocks (``--layers``: the first N
-or a list, renumbered, ``<arch>.block_count`` fixed; written with the ``gguf`` package).
+or a list, renumbered, ``<arch>.block_count`` fixed; written with the ``gguf`` package). ``--layers
+search:N`` chooses the N blocks by measured acceptance: a few candidate subsets (the first N; the first
+N-j with the last j, since the last blocks shape what the LM head reads, as Draft & Verify, Zhang et al.
+2023, arXiv 2309.08168, and LayerSkip's early exits keep them; evenly spaced) are each written, drafted
+against the source model itself on a few prompts (greedy, k = 3) and the one of highest acceptance rate is
+kept (:func:`search_layers`); the table goes to stderr.
 
 The output is written to a temporary file next to it and renamed into place, so a failed run leaves
 nothing half written; an existing output is kept unless ``--force``. Requantizing changes a model's
-distribution: use it for drafters, never for the target. This module knows files, not the engine.
+distribution: use it for drafters, never for the target. This module knows files; only the layer search
+drives the engine (through :mod:`specdec.api`).
 """
 
 from __future__ import annotations
@@ -32,9 +38,12 @@ def add_parser(sub) -> None:
     p.add_argument("output", help="the drafter GGUF file to write")
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument("--quantize", choices=QUANT_TYPES, help="requantize every tensor to this type")
-    how.add_argument("--layers", metavar="N|I,J,...", help="keep the first N blocks, or these block indices")
+    how.add_argument("--layers", metavar="N|I,J,...|search:N",
+                     help="keep the first N blocks, these block indices, or the N blocks of highest measured "
+                          "acceptance among a few candidate subsets (search:N)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output")
     p.add_argument("--threads", type=int, default=0, help="quantization threads (default 0: all cores)")
+    p.add_argument("--backend", default=None, help="backend of the layer search (default: specdec's default)")
     p.set_defaults(run=run)
 
 
@@ -50,6 +59,10 @@ def run(args: argparse.Namespace) -> int:
     with _atomic(out) as tmp:
         if args.quantize:
             quantize(src, tmp, args.quantize, args.threads)
+        elif args.layers.startswith("search:"):
+            best = search_layers(src, args.layers.partition(":")[2], out.parent, args.backend,
+                                 args.threads or None)
+            keep_layers(src, tmp, best)
         else:
             keep_layers(src, tmp, args.layers)
     print(out)
@@ -97,8 +110,9 @@ def parse_layers(spec: str, n_blocks: int) -> list[int]:
     return keep
 
 
-def keep_layers(src: Path, dst: Path, spec: str) -> None:
-    """Write ``src`` with only the blocks ``spec`` names (:func:`parse_layers`), renumbered from 0."""
+def keep_layers(src: Path, dst: Path, spec: str | list[int]) -> None:
+    """Write ``src`` with only the blocks ``spec`` names (:func:`parse_layers`; or a list of block indices),
+    renumbered from 0."""
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
     try:
@@ -112,7 +126,10 @@ def keep_layers(src: Path, dst: Path, spec: str) -> None:
     count_key = f"{arch}.block_count"
     if count_key not in reader.fields:
         raise ValueError(f"{src} has no {count_key}")
-    keep = parse_layers(spec, int(reader.fields[count_key].contents()))
+    n_blocks = int(reader.fields[count_key].contents())
+    keep = parse_layers(spec, n_blocks) if isinstance(spec, str) else sorted(set(spec))
+    if not keep or not all(0 <= i < n_blocks for i in keep):
+        raise ValueError(f"layers {spec!r}: the model has blocks 0..{n_blocks - 1}; keep at least one")
     renumber = {old: new for new, old in enumerate(keep)}
 
     writer = GGUFWriter(dst, arch=arch, endianess=reader.endianess)
@@ -138,3 +155,99 @@ def keep_layers(src: Path, dst: Path, spec: str) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+SEARCH_PROMPTS = (
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "The three laws of thermodynamics, explained simply:\n1.",
+    "Q: What is the capital of France, and what river runs through it?\nA:",
+)
+"""Prompts the layer search drafts on (code, prose, an answer): short, so a search of five candidates on
+the 1.5B target takes a few minutes on two cores."""
+
+
+def candidate_subsets(n_blocks: int, n: int) -> list[list[int]]:
+    """Subsets of ``n`` of ``n_blocks`` blocks that ``--layers search:N`` measures, distinct, in order: the
+    first ``n``; the first ``n - j`` and the last ``j`` for ``j`` in 1, 2, n/4, n/2; ``n`` evenly spaced
+    (first and last included)."""
+    if not 0 < n <= n_blocks:
+        raise ValueError(f"layers search:{n}: the model has {n_blocks} blocks; keep 1..{n_blocks}")
+    out: list[list[int]] = []
+    for j in (0, 1, 2, n // 4, n // 2):
+        if 0 <= j <= n:
+            out.append(list(range(n - j)) + list(range(n_blocks - j, n_blocks)))
+    if n > 1:
+        out.append(sorted({round(i * (n_blocks - 1) / (n - 1)) for i in range(n)}))
+    unique = []
+    for c in out:
+        if len(set(c)) == n and c not in unique:
+            unique.append(c)
+    return unique
+
+
+def search_layers(src: Path, count: str, workdir: Path, backend: str | None = None, threads: int | None = None,
+                  prompts=SEARCH_PROMPTS, max_tokens: int = 32) -> list[int]:
+    """The subset of :func:`candidate_subsets` whose drafter accepts most against ``src`` itself.
+
+    Each candidate is written to a temporary file in ``workdir``, loaded as the draft of ``src`` and
+    drafts ``k = 3`` greedily on ``prompts`` (``max_tokens`` each); acceptance rate = accepted / proposed
+    over them. One line per candidate goes to stderr.
+
+    Returns:
+        The best subset's block indices (the first candidate on ties).
+
+    Raises:
+        ValueError: on a count that is not a number of blocks of ``src``, or an unreadable model.
+    """
+    import sys
+
+    from gguf import GGUFReader
+
+    from specdec.api import load_engine
+    from specdec.params import SamplingParams, SpecConfig
+
+    try:
+        n = int(count)
+    except ValueError:
+        raise ValueError(f"layers search:{count}: give a number of blocks, e.g. search:14") from None
+    try:
+        reader = GGUFReader(src)
+        arch = reader.fields["general.architecture"].contents()
+        n_blocks = int(reader.fields[f"{arch}.block_count"].contents())
+    except Exception as e:  # the reader raises ValueError, KeyError, struct or numpy errors on a bad file
+        raise ValueError(f"{src} is not a readable GGUF model ({e})") from None
+    del reader
+    greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    spec = SpecConfig(method="draft", num_speculative_tokens=3)
+    best, best_rate = None, -1.0
+    for layers in candidate_subsets(n_blocks, n):
+        with tempfile.TemporaryDirectory(prefix=".make-draft-", dir=workdir) as d:
+            path = Path(d) / "candidate.gguf"
+            keep_layers(src, path, layers)
+            engine = load_engine(str(src), str(path), spec, n_ctx=512, n_seq_max=1, n_threads=threads,
+                                 progress=False, backend=backend)
+            try:
+                results = [engine.generate(engine.encode_prompt(p), greedy, spec) for p in prompts]
+            finally:
+                for b in (engine.target, *engine.drafts):
+                    b.close()
+        proposed = sum(r.stats.proposed for r in results)
+        accepted = sum(r.stats.accepted for r in results)
+        rate = accepted / proposed if proposed else 0.0
+        print(f"make-draft: blocks {_ranges(layers)}: acceptance {rate:.3f} ({accepted}/{proposed})", file=sys.stderr)
+        if rate > best_rate:
+            best, best_rate = layers, rate
+    print(f"make-draft: keeping blocks {_ranges(best)}", file=sys.stderr)
+    return best
+
+
+def _ranges(blocks: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    out, start = [], None
+    for i, b in enumerate(blocks):
+        if start is None:
+            start = b
+        if i + 1 == len(blocks) or blocks[i + 1] != b + 1:
+            out.append(f"{start}-{b}" if b > start else str(b))
+            start = None
+    return ",".join(out)

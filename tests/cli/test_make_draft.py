@@ -25,6 +25,36 @@ def test_made_draft_loads_and_greedy_equals_plain(tmp_path, tiny_target_path, ti
     assert spec.token_ids == plain.token_ids and spec.stats.proposed > 0
 
 
+def test_layer_search_keeps_the_candidate_of_highest_measured_acceptance(tmp_path, tiny_target_path, capsys):
+    """``--layers search:1`` on the two-block tiny model measures both one-block drafters against the model
+    itself, reports each, and writes the one it names; the result loads and drafts losslessly."""
+    import re
+
+    out = tmp_path / "draft.gguf"
+    assert main(["make-draft", str(tiny_target_path), str(out), "--layers", "search:1", "--backend", "llama.cpp"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == str(out)
+    rates = dict(re.findall(r"blocks (\S+): acceptance ([0-9.]+)", captured.err))
+    assert set(rates) == {"0", "1"}, captured.err
+    kept = re.search(r"keeping blocks (\S+)", captured.err).group(1)
+    assert float(rates[kept]) == max(map(float, rates.values()))
+    assert not [p for p in tmp_path.iterdir() if p.name != "draft.gguf"]  # candidates removed
+    from gguf import GGUFReader
+
+    assert int(GGUFReader(out).fields["qwen2.block_count"].contents()) == 1
+
+
+def test_candidate_subsets():
+    from specdec.cli.make_draft import candidate_subsets
+
+    subsets = candidate_subsets(28, 14)
+    assert subsets[0] == list(range(14))
+    assert list(range(13)) + [27] in subsets and list(range(7)) + list(range(21, 28)) in subsets
+    assert all(len(c) == 14 == len(set(c)) for c in subsets) and len(subsets) == len({tuple(c) for c in subsets})
+    with pytest.raises(ValueError, match="28 blocks"):
+        candidate_subsets(28, 29)
+
+
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q2_K"])
 def test_quantize_writes_a_smaller_gguf(tmp_path, tiny_target_path, capsys, qtype):
     """The requantized tiny model is a smaller GGUF with the same vocabulary. (Decoding it segfaulted in
