@@ -36,7 +36,7 @@ def fmt(x: float, spec: str = ".2f") -> str:
     return "n/a" if x != x else format(x, spec)
 
 
-def format_stats(res: GenerationResult, label: str) -> str:
+def format_stats(res: GenerationResult, label: str, cascade: bool = False) -> str:
     """Human-readable statistics of one generation (several lines)."""
     s = res.stats
     by_pos = " ".join(fmt(a) for a in s.acceptance_by_position) or "n/a"
@@ -54,8 +54,9 @@ def format_stats(res: GenerationResult, label: str) -> str:
               f"({d['accepted']}/{d['proposed']} drafts in {d.get('calls', d['proposed'])} draft calls, "
               f"{d['seconds']:.3f} s drafting)"
               for kind, d in s.by_drafter.items()
-              if set(s.by_drafter) != {"draft"} or d.get("calls", d["proposed"]) != d["proposed"]),  # several
-            # drafters, or a cascade (fewer calls than drafts)
+              if set(s.by_drafter) != {"draft"} or cascade),  # several drafters, or a cascade's calls
+            *(["drafter              cascade on, no draft-model drafts in this run"]
+              if cascade and not s.by_drafter else []),
         ]
     )
 
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(res.text)
     assert res is not None
-    print(format_stats(res, label), file=sys.stderr)
+    print(format_stats(res, label, spec.cascade), file=sys.stderr)
     if args.compare:
         plain = engine.generate(prompt, params, SpecConfig(method="none"), chat=chat)
         print(format_stats(plain, "plain decoding (same prompt, same settings)"), file=sys.stderr)

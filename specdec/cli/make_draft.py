@@ -56,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{out} exists; pass --force to overwrite it")
     if out.resolve() == src.resolve():
         raise ValueError("the output must differ from the model")
+    if args.backend is not None and not (args.layers or "").startswith("search:"):
+        raise ValueError("--backend applies to --layers search:N only (the other ways only write a file)")
     with _atomic(out) as tmp:
         if args.quantize:
             quantize(src, tmp, args.quantize, args.threads)

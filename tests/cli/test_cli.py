@@ -36,12 +36,16 @@ def test_compare_reports_ratio_and_match(capsys, models):
 
 def test_cascade_flag_gives_the_same_text(capsys, models):
     prompt = "one two three four five one two three four five one two"
-    args = ("generate", prompt, "--raw", "--method", "draft", "-k", "4", "--max-tokens", "24", "--json", *models)
+    base = ("generate", prompt, "--raw", "--method", "draft", "-k", "4", "--max-tokens", "24", *models)
+    args = (*base, "--json")
     code, plain, _ = run(capsys, *args)
     assert code == 0
     code, cascade, err = run(capsys, *args, "--cascade")
     assert code == 0
     assert json.loads(cascade)["token_ids"] == json.loads(plain)["token_ids"]
+    assert "draft calls" in err  # the stats say what the cascade did
+    code, _, err = run(capsys, *base, "--cascade")  # text output: the drafter line is there too
+    assert code == 0 and "draft calls" in err
 
 
 def test_json_stream_raw_and_ngram(capsys, models):

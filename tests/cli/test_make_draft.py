@@ -70,6 +70,8 @@ def test_quantize_writes_a_smaller_gguf(tmp_path, tiny_target_path, capsys, qtyp
 
 @pytest.mark.parametrize("args, fragment", [
     (["--layers", "5"], "blocks 0..1"), (["--layers", "x"], "count N"), (["--layers", "0,"], "count N"),
+    (["--layers", "search:0"], "keep 1..2"), (["--layers", "search:x"], "number of blocks"),
+    (["--layers", "1", "--backend", "llama.cpp"], "search:N only"),
 ])
 def test_bad_layers_one_line(tmp_path, tiny_target_path, capsys, args, fragment):
     assert main(["make-draft", str(tiny_target_path), str(tmp_path / "d.gguf"), *args]) == 2
