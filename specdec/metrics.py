@@ -165,8 +165,8 @@ class ServerMetrics:
             self.drafter_tokens.labels(drafter=drafter).inc(d["proposed"] - p0)
             self.drafter_accepted.labels(drafter=drafter).inc(d["accepted"] - a0)
             self.drafter_seconds.labels(drafter=drafter).inc(d["seconds"] - t0)
-            self.drafter_calls.labels(drafter=drafter).inc(d.get("calls", d["proposed"]) - c0)
-            seen[drafter] = (d["proposed"], d["accepted"], d["seconds"], d.get("calls", d["proposed"]))
+            self.drafter_calls.labels(drafter=drafter).inc(d["calls"] - c0)
+            seen[drafter] = (d["proposed"], d["accepted"], d["seconds"], d["calls"])
 
     def request_finished(self, job, reason: str) -> None:
         """A job left the running batch with ``reason`` (stop, length, cancelled, error)."""

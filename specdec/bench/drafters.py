@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         rs = [r for r in runs if r["config"] == f"draft {name}{tag}"]
         d = [r["by_drafter"].get("draft", {}) for r in rs]
         tok, secs = sum(x.get("proposed", 0) for x in d), sum(x.get("seconds", 0.0) for x in d)
-        calls = sum(x.get("calls", x.get("proposed", 0)) for x in d)
+        calls = sum(x.get("calls", 0) for x in d)
         if tag:
             auto_c = [r for r in runs if r["config"] == f"auto, every drafter{tag}"]
             chosen = sum(sum(by_k.values()) for r in auto_c for src, by_k in r["steps"].items() if src == kind)

@@ -51,7 +51,7 @@ def format_stats(res: GenerationResult, label: str, cascade: bool = False) -> st
             f"acceptance rate      {fmt(s.acceptance_rate)} ({s.accepted}/{s.proposed} drafts)",
             f"acceptance by pos.   {by_pos}",
             *(f"drafter {kind:<12} {fmt(acceptance_rate(d['accepted'], d['proposed']))} "
-              f"({d['accepted']}/{d['proposed']} drafts in {d.get('calls', d['proposed'])} draft calls, "
+              f"({d['accepted']}/{d['proposed']} drafts in {d['calls']} draft calls, "
               f"{d['seconds']:.3f} s drafting)"
               for kind, d in s.by_drafter.items()
               if set(s.by_drafter) != {"draft"} or cascade),  # several drafters, or a cascade's calls

@@ -69,14 +69,22 @@ class NgramIndex:
             ``([], 0, 0)`` for no match.
         """
         toks, size = self.tokens, len(self.tokens)
-        for n in range(min(self.n_max, size - 1), self.n_min - 1, -1):
-            e = self._end[n].get(tuple(toks[size - n :]))
+        e, n = self._newest(toks, size - 1)
+        if e is None:
+            return [], 0, 0
+        length = n
+        while length < extend and e - length > 0 and toks[e - length - 1] == toks[size - length - 1]:
+            length += 1
+        return toks[e : e + k], n, length
+
+    def _newest(self, tail: Sequence[int], n_top: int) -> tuple[int | None, int]:
+        """``(end, n)`` of the newest indexed occurrence of the longest suffix of ``tail`` (``n`` from
+        ``min(n_max, n_top)`` down to ``n_min``); ``(None, 0)`` for none."""
+        for n in range(min(self.n_max, n_top), self.n_min - 1, -1):
+            e = self._end[n].get(tuple(tail[len(tail) - n :]))
             if e is not None:
-                length = n
-                while length < extend and e - length > 0 and toks[e - length - 1] == toks[size - length - 1]:
-                    length += 1
-                return toks[e : e + k], n, length
-        return [], 0, 0
+                return e, n
+        return None, 0
 
     def continuation(self, tail: Sequence[int], k: int) -> list[int]:
         """Up to ``k`` tokens that followed the newest occurrence, in the indexed tokens, of the longest
@@ -88,12 +96,8 @@ class NgramIndex:
         """
         if k <= 0:
             return []
-        toks = self.tokens
-        for n in range(min(self.n_max, len(tail)), self.n_min - 1, -1):
-            e = self._end[n].get(tuple(tail[len(tail) - n:]))
-            if e is not None:
-                return toks[e : e + k]
-        return []
+        e, _ = self._newest(tail, len(tail))
+        return [] if e is None else self.tokens[e : e + k]
 
 
 class NgramProposer:
