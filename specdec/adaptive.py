@@ -283,6 +283,7 @@ class Choice:
         seconds: Predicted wall time of the step, D(k) + S(B + k + 1) (``B = 0`` alone).
         probe: True when taken to refresh statistics rather than because it was best.
         others: Predicted committed tokens of the other sequences in the call, ``Y`` (0 alone).
+        tree_tokens: Tokens that alternative candidates (a token tree) add to the call; 0 for a chain.
     """
 
     source: str | None
@@ -291,6 +292,7 @@ class Choice:
     seconds: float
     probe: bool = False
     others: float = 0.0
+    tree_tokens: int = 0
 
     @property
     def rate(self) -> float:
@@ -352,8 +354,8 @@ class CostModel:
             if p.draft_cost is not None:
                 c = p.draft_cost
                 self.observe_draft(c.evals, c.catchup, c.seconds, c.drafter)
-            if p.kind is not None:
-                self._pool(p.kind).observe(outcome.proposed, outcome.accepted)
+            if p.kind is not None:  # the main candidate's: a tree's other branches are priced from it
+                self._pool(p.kind).observe(*outcome.main)
 
     # -- timings --------------------------------------------------------------------------------
     def observe_target(self, n: int, seconds: float, greedy: bool) -> None:

@@ -76,6 +76,28 @@ def load_engine(
         raise
 
 
+def one_request_layout(spec: SpecConfig, backend: str | None, n_ctx: int) -> tuple[int, int | None]:
+    """``(n_seq_max, kv_cells)`` of an engine that runs one request at a time (``generate``, ``bench``): one
+    sequence, plus one for each alternative candidate of a token tree the method may score (``auto``'s
+    trees, :data:`~specdec.proposers.hybrid.TREE_ALTERNATIVES`; ``suffix``'s ``suffix_alternatives``), each
+    holding at most k + 1 cells of its own beside the context it shares (copied cells).
+
+    On ik_llama.cpp spare sequences cost a lone decode nothing (62-64 ms a step with 1 or 4, measured on
+    the default target), so ``auto`` gets them; on llama.cpp a multi-sequence (unified) cache costs every
+    step ~3%, so there only alternatives asked for (``suffix_alternatives``) get sequences, and ``auto``
+    stays with chains. ``kv_cells`` None: the backend's default.
+    """
+    from specdec.params import MAX_SPECULATIVE_TOKENS
+    from specdec.proposers.hybrid import TREE_ALTERNATIVES
+
+    extra = spec.suffix_alternatives if spec.method in ("suffix", "auto") else 0
+    if spec.method == "auto" and backend_name(backend) == "ik_llama.cpp":
+        extra = max(extra, TREE_ALTERNATIVES)
+    if not extra:
+        return 1, None
+    return 1 + extra, n_ctx + extra * (MAX_SPECULATIVE_TOKENS + 1)
+
+
 def model_names(target: str | None, draft: str | None, method: str) -> tuple[str, str | None]:
     """The target and draft model arguments ``load_engine`` loads for ``method``.
 

@@ -216,8 +216,10 @@ class Engine:
         spec = spec or self.spec
         if proposer is None:
             self.check_spec(spec)
+        target = self.target
         context = ProposerContext(drafts=self.drafts, vocab_size=self.info.vocab_size, cost=self.cost,
-                                  suffix_cache=self.suffix_cache)
+                                  suffix_cache=self.suffix_cache,
+                                  free_sequences=lambda: getattr(target, "free_sequences", 0))
         return new_request(self.info, self.target, prompt_ids, params, spec, context, proposer)
 
     def step(self, requests: Sequence[Request], prefill_chunk: int | None = None):

@@ -58,7 +58,7 @@ def reference_path(text: list[int], depth: int, k: int, min_prob: float, factor:
         if not ranked:
             break
         c, _, tok = ranked[0]
-        if prob * c / total < min_prob:
+        if prob * c / total < min_prob - 1e-12:  # as the proposer: rounding of the products aside
             break
         prob *= c / total
         tokens.append(tok)

@@ -1,8 +1,10 @@
 """Benchmark prompts: the six Spec-Bench categories (first turn), MT-bench's second turn ("multi-turn": the
 first question, the target's own answer to it and the follow-up, which often asks to revise that answer),
-and HumanEval twice, as "complete" (write the function from its signature and docstring) and "code-edit"
+and HumanEval three times, as "complete" (write the function from its signature and docstring), "code-edit"
 (rewrite given code with type hints and return all of it: an input-grounded task, like an editor's
-apply-edit).
+apply-edit) and "repeated-task" (the same structured-extraction instruction over other functions, one
+after another: requests that share the shape of their answers, as an agent's or a pipeline's do; the bench
+keeps the engine's cross-request suffix cache on for this category only, see :mod:`specdec.bench.runner`).
 
 Spec-Bench (Xia et al. 2024, arXiv 2401.07851; ``question.jsonl``): ``mt_bench`` (the 80 MT-bench
 questions, 8 sub-categories), ``translation``, ``summarization``, ``qa``, ``math_reasoning``, ``rag``.
@@ -20,7 +22,9 @@ from pathlib import Path
 SPEC_BENCH_CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 MULTI_TURN = "multi-turn"
 """MT-bench's second turn; the runner generates the first turn's answer (the target's, plain greedy)."""
-HUMANEVAL_CATEGORIES = ("complete", "code-edit")
+REPEATED_TASK = "repeated-task"
+"""The same instruction over different inputs, answered one after another (cross-request copying)."""
+HUMANEVAL_CATEGORIES = ("complete", "code-edit", REPEATED_TASK)
 CATEGORIES = SPEC_BENCH_CATEGORIES + (MULTI_TURN,) + HUMANEVAL_CATEGORIES
 _MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 
@@ -28,6 +32,11 @@ COMPLETE_TEMPLATE = "Complete this Python function. Return the whole function in
 EDIT_TEMPLATE = (
     "Rewrite this Python code with type hints added to every function signature. Keep everything else "
     "exactly as it is and return the whole code in a Python code block.\n\n```python\n{code}```"
+)
+REPEATED_TEMPLATE = (
+    'Describe this Python function as a JSON object with the keys "name", "parameters" (a list of objects '
+    'with "name" and "type"), "returns" (the return type) and "summary" (one sentence). Return only the JSON '
+    "in a code block.\n\n```python\n{code}```"
 )
 WARMUP_PROMPT = "Write a short Python function that returns the sum of a list of numbers."
 
@@ -100,10 +109,14 @@ def load_prompts(data_dir: str | Path | None = None, per_category: int = 5,
         if not path.is_file():
             raise FileNotFoundError(f"HumanEval not found at {path}; pass --data DIR")
         with gzip.open(path, "rt", encoding="utf-8") as f:
-            problems = _evenly([json.loads(line) for line in f if line.strip()], per_category)
+            rows = [json.loads(line) for line in f if line.strip()]
+        problems = _evenly(rows, per_category)
+        others = _evenly(rows[len(rows) // (2 * per_category):], per_category)  # not complete's/code-edit's
         for cat in (c for c in categories if c in HUMANEVAL_CATEGORIES):
-            for p in problems:
-                if cat == "complete":
+            for p in (others if cat == REPEATED_TASK else problems):
+                if cat == REPEATED_TASK:
+                    text = REPEATED_TEMPLATE.format(code=p["prompt"])
+                elif cat == "complete":
                     text = COMPLETE_TEMPLATE.format(code=p["prompt"])
                 else:
                     text = EDIT_TEMPLATE.format(code=p["prompt"] + p["canonical_solution"])

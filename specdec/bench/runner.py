@@ -31,8 +31,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdec.bench.prompts import CATEGORIES, WARMUP_PROMPT, BenchPrompt, load_prompts
+from specdec.bench.prompts import CATEGORIES, REPEATED_TASK, WARMUP_PROMPT, BenchPrompt, load_prompts
 from specdec.params import SamplingParams, SpecConfig
+
+SUFFIX_CACHE_TOKENS = 16384
+"""Tokens of earlier outputs the engines keep for suffix decoding across requests while the bench runs the
+``repeated-task`` category (the outputs of the methods that draft by suffix decoding, ``auto`` and
+``suffix``, go in); it is off, and empty, for the other categories, as it is off by default in the server."""
 
 SPECDEC_METHODS = ("none", "draft", "draft-pmin", "ngram", "suffix", "hybrid", "auto")
 SERVER_MODES = {"server": (False, None), "server-spec": (True, "draft-simple"),
@@ -174,7 +179,7 @@ class _Runner:
     """Holds the engine, the floor and the peers of one bench run."""
 
     def __init__(self, cfg: BenchConfig, out: Path, notes: list[str]):
-        from specdec.api import load_engine
+        from specdec.api import load_engine, one_request_layout
         from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
 
         self.cfg = cfg
@@ -182,10 +187,13 @@ class _Runner:
         drafts = (cfg.draft,) if isinstance(cfg.draft, str) else tuple(cfg.draft or (DEFAULT_DRAFT,))
         self.draft_paths = [resolve_model(d, progress=cfg.progress) for d in drafts]
         self.draft_path = self.draft_paths[0]  # the fixed-k methods' and the peers' draft
-        self.engines = {b: load_engine(str(self.target_path), [str(d) for d in self.draft_paths],
-                                       SpecConfig(method="auto"),
-                                       n_ctx=cfg.n_ctx, n_seq_max=1, n_threads=cfg.threads, progress=cfg.progress,
-                                       backend=b) for b in cfg.backends}
+        self.engines = {}
+        for b in cfg.backends:  # sequences for the largest tree any of the methods may score on b
+            n_seq_max, cells = max((one_request_layout(cfg.spec(m), b, cfg.n_ctx) for m in cfg.methods
+                                    if m in SPECDEC_METHODS), default=(1, None))
+            self.engines[b] = load_engine(str(self.target_path), [str(d) for d in self.draft_paths],
+                                          SpecConfig(method="auto"), n_ctx=cfg.n_ctx, n_seq_max=n_seq_max,
+                                          n_threads=cfg.threads, progress=cfg.progress, backend=b, kv_cells=cells)
         self.engine = self.engines[cfg.backends[0]]
         self.threads = self.engine.target.n_threads
         self.raw = self.servers = None
@@ -298,6 +306,10 @@ def run_bench(cfg: BenchConfig) -> dict:
         for i, (p, ids) in enumerate(zip(prompts, encoded)):
             if (p.category, p.id) in done:
                 continue
+            for engine in runner.engines.values():  # earlier answers of the same task: repeated-task only
+                cached = p.category == REPEATED_TASK
+                if cached != (engine.suffix_cache is not None):
+                    engine.enable_suffix_cache(SUFFIX_CACHE_TOKENS if cached else 0)
             order = methods[i % len(methods):] + methods[: i % len(methods)]
             by_method = {}
             for m in order:

@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
     b.add_argument("--n-ctx", type=int, default=4096, help="context window in tokens (default 4096)")
     b.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
     b.add_argument("--data", default=None, help="folder with spec_bench/ and humaneval/ (default ../shared/data)")
-    b.add_argument("--categories", default=None, help="comma-separated (default: all eight)")
+    b.add_argument("--categories", default=None, help="comma-separated (default: all of them)")
     b.add_argument("--per-category", type=int, default=5, help="prompts per category (default 5)")
     b.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
     b.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")

@@ -86,8 +86,12 @@ def run(args: argparse.Namespace) -> int:
     if not prompt.strip():
         raise ValueError("the prompt is empty")
     params = sampling_params_from_args(args)
-    # one request at a time: a one-sequence KV cache (a larger unified cache slows every step by ~3%)
-    engine = load_engine_from_args(args, spec, n_seq_max=1)
+    # one request at a time: one sequence, and one per alternative candidate of a token tree where it costs
+    # nothing (a larger unified cache slows every llama.cpp step by ~3%)
+    from specdec.api import one_request_layout
+
+    n_seq_max, cells = one_request_layout(spec, args.backend, args.n_ctx)
+    engine = load_engine_from_args(args, spec, n_seq_max=n_seq_max, kv_cells=cells)
     chat = not args.raw
     label = f"speculative decoding: {spec.method}, k={spec.k}" if spec.k else "plain decoding"
     if args.stream:

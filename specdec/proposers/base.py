@@ -77,6 +77,7 @@ class Proposal:
         draft_cost: What drafting cost a draft model, or ``None`` when no model ran.
         confidence: ``[k'] float`` the proposer's estimate of each main-candidate draft's acceptance given
             the earlier ones accepted (suffix decoding: count ratios), or ``()`` when it has none.
+        alt_confidence: The same for each alternative (``[c-1]`` tuples, one per token of it), or ``()``.
     """
 
     tokens: list[int]
@@ -85,6 +86,7 @@ class Proposal:
     kind: str | None = None
     draft_cost: DraftCost | None = None
     confidence: tuple[float, ...] = ()
+    alt_confidence: tuple[tuple[float, ...], ...] = ()
 
     @property
     def candidates(self) -> tuple[Draft, ...]:
@@ -128,6 +130,18 @@ class Outcome:
     proposed: int
     accepted: int
     context_len: int
+
+    @property
+    def main(self) -> tuple[int, int]:
+        """``(proposed, accepted)`` of the MAIN candidate: its drafts, and how many of them the committed
+        block kept (its common prefix with the accepted path). What a chain's acceptance estimate learns
+        from, so that a tree whose alternative won does not count as the main path's success."""
+        if self.candidate == 0:
+            return self.proposed, self.accepted
+        main = self.proposal.tokens
+        path = self.proposal.alternatives[self.candidate - 1].tokens[: self.accepted]
+        n = next((i for i, (a, b) in enumerate(zip(main, path)) if a != b), min(len(main), len(path)))
+        return len(main), n
 
 
 class Proposer(Protocol):
@@ -179,12 +193,15 @@ class ProposerContext:
         cost: The engine's cost model (timings and pooled acceptance; read-only for proposers).
         suffix_cache: The engine's cache of earlier outputs for suffix decoding, or ``None`` (the
             default: it is a side channel between requests, see SECURITY.md).
+        free_sequences: ``() -> int``: the target's KV sequences free now, each able to hold one
+            alternative candidate of a token tree (``auto`` plans no more alternatives than that).
     """
 
     drafts: "tuple[Backend, ...]"
     vocab_size: int
     cost: "CostModel"
     suffix_cache: "SuffixCache | None" = None
+    free_sequences: Callable[[], int] = lambda: 0
 
     @property
     def draft(self) -> "Backend | None":

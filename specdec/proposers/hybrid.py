@@ -19,6 +19,12 @@ further one (:func:`~specdec.proposers.base.drafter_kinds`).
   acceptance estimate at position ``j`` is the smaller of that confidence and what suffix proposals have
   earned there (kind ``suffix``), so counts that show a split lower the estimate, and counts alone never
   raise it above what the text has shown.
+- ``auto``'s **token trees**: when a suffix path is the best option, the call may also score alternative
+  candidates where the counts show a split (:meth:`HybridProposer._tree`): each branch's tokens are valued
+  by the probability that the target follows them (the main path's reach times the branch's own estimates),
+  priced at what its ``len + 1`` scored tokens add to ``S(n)`` of the call, and added greedily, the branch
+  and length of highest rate first, while the call's predicted rate (eq. (3)) rises. On a compute-bound CPU
+  that is rare (a branch pays where ``S`` is flat for a few more tokens); on a flat curve it is the rule.
 
 Each draft model is prefilled lazily, the first time it drafts, so a request that never needs it never
 pays its prefill. This module knows token ids and proposers; it never sees the target's logits.
@@ -41,6 +47,7 @@ from specdec.proposers.base import (EMPTY_PROPOSAL, Draws, Outcome, Proposal, Pr
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.ngram import NgramIndex
 from specdec.proposers.suffix import SuffixProposer
+from specdec.verify.base import Draft
 
 RULE_THRESHOLD = 0.5
 """``hybrid`` drafts while the estimated acceptance of the next position is at least this."""
@@ -48,6 +55,10 @@ RULE_THRESHOLD = 0.5
 DRAFT_MARGIN = 1.05
 """``auto`` considers a draft model only if, with every draft accepted, it would beat plain decoding by
 this factor: a draft that cannot gain 5% even then is not worth its prefill and probes."""
+
+TREE_ALTERNATIVES = 3
+"""Most alternative candidates ``auto`` adds to a suffix path in one call (also bounded by the target's free
+KV sequences and ``SpecConfig.suffix_alternatives`` when that is larger)."""
 
 START_K = 2
 """``auto``'s first cap on drafts per step for each kind of proposal in a request (see
@@ -152,11 +163,14 @@ class HybridProposer:
         suffix: A suffix-decoding proposer as one more source for ``auto`` (single paths), or None.
         drafts: Drafter kind -> draft-model proposer (prefilled lazily), in the engine's order: ``auto``
             weighs each; ``hybrid`` uses the first.
+        tree: Most alternative candidates ``auto`` may add to a suffix path (:meth:`_tree`); 0: chains only.
+        free_sequences: ``() -> int``, the target's free KV sequences now (each alternative needs one).
     """
 
     def __init__(self, draft: DraftModelProposer | None = None, ngram_max: int = 3, ngram_min: int = 1,
                  cost_model: CostModel | None = None, adaptive: bool = False, suffix: SuffixProposer | None = None,
-                 drafts: dict[str, DraftModelProposer] | None = None):
+                 drafts: dict[str, DraftModelProposer] | None = None, tree: int = 0,
+                 free_sequences=lambda: 0):
         assert draft is None or drafts is None, "pass draft or drafts"
         self.index = NgramIndex(ngram_min, ngram_max)
         self.suffix = suffix if adaptive else None
@@ -167,6 +181,9 @@ class HybridProposer:
         self.log = PredictionLog()
         self._stats: dict[str, AcceptanceStats] = {}
         self._cap: dict[str, int] = {}  # per source (draft, ngram, suffix): most drafts allowed now (slow start)
+        self.tree = tree
+        self._free_sequences = free_sequences
+        self._branches: tuple[Draft, ...] = ()  # the alternatives of this step's suffix choice (a tree)
 
     @property
     def draft(self) -> DraftModelProposer | None:
@@ -210,6 +227,7 @@ class HybridProposer:
     ) -> Proposal:
         """Draft up to ``k`` tokens from the n-gram index, suffix decoding (``auto``) or a draft model
         (possibly none); the proposal's ``kind`` is ``ngramN``, ``suffix`` or the drafter's kind."""
+        self._branches = ()
         if k <= 0:
             return EMPTY_PROPOSAL
         self.index.sync(context)
@@ -225,7 +243,8 @@ class HybridProposer:
             return Proposal(tokens=match[: choice.k], kind=f"ngram{order}")
         if choice.source == "suffix":
             return dataclasses.replace(suffix, tokens=suffix.tokens[: choice.k],
-                                       confidence=suffix.confidence[: choice.k], alternatives=())
+                                       confidence=suffix.confidence[: choice.k],
+                                       alternatives=self._branches if choice.tree_tokens else (), alt_confidence=())
         if choice.source in self.drafts:
             return self.drafts[choice.source].propose(context, choice.k, params, draws, kind=choice.source)
         return EMPTY_PROPOSAL
@@ -266,12 +285,79 @@ class HybridProposer:
             if c is not None:
                 options.append(dataclasses.replace(c, source=kind))
         best = max(options, key=lambda c: c.rate, default=None)
+        if best is not None and best.source == "suffix":
+            best = self._tree(best, suffix, greedy)
         if best is not None and best.rate > plain.rate:
             self.probe.speculating()
             return best
         if best is not None and self.probe.should_probe():
             return self._probe(best, match, order, k, catchup, greedy, plain, suffix) or plain
         return plain
+
+    def _tree(self, chain: Choice, suffix: Proposal, greedy: bool) -> Choice:
+        """The suffix path ``chain`` with alternative candidates added where they raise the call's predicted
+        rate, eq. (3) (their drafts in :attr:`_branches`; ``chain`` itself when none pays).
+
+        For point-mass candidates verified as a tree (:func:`specdec.verify.multi_candidate_verifier`) the
+        expected committed tokens are ``1 + sum`` over the tree's nodes of the probability that the target's
+        tokens follow the path to the node. The main path's node ``i`` has ``reach_i = prod_{m<=i} a_m``
+        (``a``: :meth:`_suffix_accept`); a branch off the main path's token ``j`` (a sibling, same context)
+        has at ``j`` the sibling's count ratio scaled by the main token's calibration ``a_j / c_j``, at most
+        the mass ``1 - a_j`` that the main token and earlier branches there leave, and after ``j`` the same
+        estimate as a main-path draft (the smaller of its count ratio and what suffix proposals earned at
+        that position). A branch of length ``m`` scores ``m + 1`` more tokens; among all branches and
+        lengths the one of highest rate ``(E + Y) / S(B + n)`` is added while that rate beats the call
+        without it, at most :attr:`tree` branches and the target's free sequences.
+        """
+        n_max = min(self.tree, self._free_sequences())
+        if n_max <= 0 or not chain.k or self.suffix is None:
+            return chain
+        branches = self.suffix.branches(n_max)
+        if not branches:
+            return chain
+        cm, load, k = self.cost, self.cost.load, chain.k
+        main = suffix.tokens[:k]
+        a = self._suffix_accept(suffix)[:k]  # [k] the main path's conditional estimates
+        conf = np.asarray(suffix.confidence[:k], dtype=np.float64)
+        reach = np.concatenate(([1.0], np.cumprod(a)))  # [k+1] P(the first i drafts are the target's)
+        left = 1.0 - a  # [k] mass at each main-path node not yet covered by a candidate
+        learned = self._accept("suffix", 0, max(len(d.tokens) for d, _ in branches))  # [L] capped (slow start)
+        cands = []
+        for draft, c in branches:
+            t = draft.tokens
+            j = next((i for i, (x, y) in enumerate(zip(t, main)) if x != y), None)
+            m = min(len(t), len(learned))
+            if j is None or j >= min(k, m):
+                continue  # not a branch off the drafts this call scores
+            est = np.minimum(learned[j:m], np.asarray(c[j:m], dtype=np.float64))  # [m-j]
+            est[0] = c[j] * (a[j] / conf[j] if conf[j] > 0 else 0.0)
+            cands.append((j, draft, est))
+        limit = cm.size_limit(greedy)
+        curve = cm.curve(limit, greedy)  # [limit+1] optimistic S(n), as best_k prices the chain
+        n = load.tokens + k + 1
+        tokens, extra, rate, chosen = chain.tokens, 0, chain.rate, []
+        while cands and len(chosen) < n_max:
+            best = None
+            for idx, (j, draft, est) in enumerate(cands):
+                e0 = min(est[0], left[j])
+                gain = np.cumsum(reach[j] * np.cumprod(np.concatenate(([e0], est[1:]))))  # [m-j] by length
+                size = n + extra + np.arange(j + 1, j + 1 + len(gain)) + 1  # [m-j] the call's tokens
+                fits = size <= limit
+                r = np.where(fits, (tokens + gain + load.committed) / curve[np.minimum(size, limit)], -np.inf)
+                i = int(np.argmax(r))
+                if r[i] > (rate if best is None else best[0]):
+                    best = (float(r[i]), idx, j + 1 + i, float(gain[i]), e0)
+            if best is None:
+                break
+            rate, idx, length, gain, e0 = best
+            j, draft, _ = cands.pop(idx)
+            left[j] -= e0
+            tokens, extra = tokens + gain, extra + length + 1
+            chosen.append(Draft(list(draft.tokens[:length])))
+        if not chosen:
+            return chain
+        self._branches = tuple(chosen)
+        return dataclasses.replace(chain, tokens=tokens, seconds=float(curve[n + extra]), tree_tokens=extra)
 
     def _probe(self, best: Choice, match: list[int], order: int, k: int, catchup: dict[str, int], greedy: bool,
                plain: Choice, suffix: Proposal = EMPTY_PROPOSAL) -> Choice | None:
@@ -296,13 +382,15 @@ class HybridProposer:
              suffix: Proposal = EMPTY_PROPOSAL) -> None:
         """Add the step's prediction (non-optimistic sizes, in the call's load) to the request's log."""
         cm, tokens, b = self.cost, 1.0, self.cost.load.tokens
-        if choice.source == "suffix" and choice.k:
+        if choice.tree_tokens:  # a tree: its estimate, priced at its size
+            tokens = choice.tokens
+        elif choice.source == "suffix" and choice.k:
             tokens = float(expected_tokens(self._suffix_accept(suffix)[: choice.k])[-1])
         elif choice.source is not None and choice.k:
             tokens = float(expected_tokens(self.stats(_kind(choice.source, order)).conditional(choice.k))[-1])
         drafter = choice.source if choice.source in self.drafts else None
         prop = cm.draft_seconds(choice.k, catchup[drafter], greedy, drafter=drafter) if drafter else 0.0
-        seconds = prop + cm.step_seconds(b + choice.k + 1, greedy)
+        seconds = prop + cm.step_seconds(b + choice.k + 1 + choice.tree_tokens, greedy)
         self.log.add(Choice(choice.source, choice.k, tokens, seconds, choice.probe), cm.step_seconds(b + 1, greedy))
 
     # -- feedback -------------------------------------------------------------------------------
@@ -312,9 +400,10 @@ class HybridProposer:
         kind = outcome.proposal.kind
         if kind is None:
             return
-        self.stats(kind).observe(outcome.proposed, outcome.accepted)
+        proposed, accepted = outcome.main  # a tree's branches are priced from the main path's estimates
+        self.stats(kind).observe(proposed, accepted)
         source = kind if kind == "suffix" or is_draft_kind(kind) else "ngram"
-        if self.adaptive and outcome.accepted == outcome.proposed:
+        if self.adaptive and accepted == proposed:
             self._cap[source] = 2 * self.cap(source)
 
     def report(self) -> dict:
@@ -338,7 +427,9 @@ def _hybrid_factory(adaptive: bool):
                   for kind, b in zip(ctx.draft_kinds, backends)}
         suffix = SuffixProposer(spec.suffix_depth, spec.suffix_min_prob, 0, ctx.suffix_cache) if adaptive else None
         return HybridProposer(ngram_max=spec.ngram_max, ngram_min=spec.ngram_min, cost_model=ctx.cost,
-                              adaptive=adaptive, suffix=suffix, drafts=drafts)
+                              adaptive=adaptive, suffix=suffix, drafts=drafts,
+                              tree=max(TREE_ALTERNATIVES, spec.suffix_alternatives) if adaptive else 0,
+                              free_sequences=ctx.free_sequences)
 
     factory.__doc__ = (f"``{'auto' if adaptive else 'hybrid'}``: n-gram lookup"
                        f"{', suffix decoding' if adaptive else ''} or "

@@ -45,6 +45,11 @@ MAX_MATCH = MAX_SPECULATIVE_TOKENS
 drafts than the largest k."""
 
 
+PROB_TOLERANCE = 1e-12
+"""A cumulative confidence this close below ``min_prob`` still passes (1/3 x 1/2 x 3/5 is 0.1 or just under,
+by the order of the products)."""
+
+
 @dataclass(frozen=True)
 class Path:
     """A greedy path through one source.
@@ -92,7 +97,7 @@ def follow(sam: SuffixAutomaton, state: int, length: int, max_len: int, min_prob
         if tok == NO_TOKEN:
             break
         c = count[nxt[state][tok]] / sam.continuations(state)
-        if prob * c < min_prob:
+        if prob * c < min_prob - PROB_TOLERANCE:
             break
         nodes.append((state, length, prob))
         prob *= c
@@ -152,6 +157,7 @@ class SuffixProposer:
         self.cache = cache
         self._cache_match = CacheMatch(cache) if cache is not None else None
         self.prompt_len: int | None = None
+        self._found: tuple | None = None  # the last proposal's (paths, cache version), for branches()
 
     def prepare(self, context: Sequence[int]) -> None:
         """Index the prompt."""
@@ -179,7 +185,9 @@ class SuffixProposer:
 
     def propose(self, context: Sequence[int], k: int, params: SamplingParams, draws: Draws) -> Proposal:
         """The most confident path as the main candidate (``kind="suffix"``, ``confidence`` its ``c_j``),
-        and up to ``alternatives`` branches; :data:`EMPTY_PROPOSAL` when nothing matches confidently."""
+        and up to ``alternatives`` branches; :data:`EMPTY_PROPOSAL` when nothing matches confidently.
+        :meth:`branches` gives more branches of the same match afterwards, on demand."""
+        self._found = None
         if k <= 0:
             return EMPTY_PROPOSAL
         self.index.sync(context)
@@ -189,41 +197,60 @@ class SuffixProposer:
                 return EMPTY_PROPOSAL
             found.sort(key=lambda f: f[1].expected, reverse=True)  # stable: this request's source first on ties
             sam, main, limit = found[0]
-            alts: tuple[Draft, ...] = ()
-            if self.alternatives > 0:
-                alts = self._alternatives(sam, main, limit, [f[1] for f in found[1:]])
-        return Proposal(tokens=main.tokens, alternatives=alts, kind="suffix", confidence=tuple(main.confidence))
+            self._found = (found, self.cache.version if self.cache is not None else 0)
+            alts = self._alternatives(sam, main, limit, [f[1] for f in found[1:]], self.alternatives)
+        return Proposal(tokens=main.tokens, alternatives=tuple(d for d, _ in alts), kind="suffix",
+                        confidence=tuple(main.confidence), alt_confidence=tuple(c for _, c in alts))
 
-    def _alternatives(self, sam: SuffixAutomaton, main: Path, limit: int, others: list[Path]) -> tuple[Draft, ...]:
-        """Up to ``self.alternatives`` other candidates, ranked by the cumulative confidence of their first
-        token off the main path: siblings of main-path tokens (continued greedily, at most ``limit``
-        tokens in all) and the other source's path."""
-        options: list[tuple[float, int, Draft | tuple[int, int, int, int, float]]] = []
+    def branches(self, n: int) -> list[tuple[Draft, tuple[float, ...]]]:
+        """Up to ``n`` alternative candidates of the last :meth:`propose` (same context), each with its
+        tokens' conditional confidences ``[m] float`` (on its shared prefix, the main path's), for a policy
+        that shapes a token tree (``auto``); computed only when asked, so a plain step pays nothing for
+        them. Empty when the last proposal found nothing or the engine's cache changed since."""
+        if n <= 0 or self._found is None:
+            return []
+        found, version = self._found
+        with self.cache.lock if self.cache is not None else contextlib.nullcontext():
+            if self.cache is not None and self.cache.version != version:
+                return []
+            sam, main, limit = found[0]
+            return self._alternatives(sam, main, limit, [f[1] for f in found[1:]], n)
+
+    def _alternatives(self, sam: SuffixAutomaton, main: Path, limit: int, others: list[Path],
+                      n: int) -> list[tuple[Draft, tuple[float, ...]]]:
+        """Up to ``n`` other candidates with their conditional confidences, ranked by the cumulative
+        confidence of their first token off the main path: siblings of main-path tokens (continued greedily,
+        at most ``limit`` tokens in all) and the other source's path."""
+        if n <= 0:
+            return []
+        options: list[tuple[float, int, tuple]] = []
         for j, (state, length, prob) in enumerate(main.nodes):
             total = sam.continuations(state)
             for count, _, tok in _ranked(sam, state):
                 p = prob * count / total
-                if p < self.min_prob:
+                if p < self.min_prob - PROB_TOLERANCE:
                     break  # ranked: the rest are rarer
                 if tok != main.tokens[j]:
-                    options.append((p, len(options), (j, state, length, tok, p)))
+                    options.append((p, len(options), (j, state, length, tok, p, count / total)))
         for other in others:  # valued at its first token off the main path (it may extend the main one)
             j = next((i for i, (a, b) in enumerate(zip(main.tokens, other.tokens)) if a != b),
                      len(main.tokens) if len(other.tokens) > len(main.tokens) else None)
             if j is not None:
-                options.append((math.prod(other.confidence[: j + 1]), len(options), Draft(list(other.tokens))))
+                options.append((math.prod(other.confidence[: j + 1]), len(options),
+                                (Draft(list(other.tokens)), tuple(other.confidence))))
         options.sort(key=lambda o: (-o[0], o[1]))
-        out: dict[tuple[int, ...], Draft] = {}
+        out: dict[tuple[int, ...], tuple[Draft, tuple[float, ...]]] = {}
         for _, _, option in options:
-            if len(out) == self.alternatives:
+            if len(out) == n:
                 break
-            if not isinstance(option, Draft):
-                j, state, length, tok, p = option
+            if len(option) == 6:  # a sibling of the main path's token j
+                j, state, length, tok, p, c = option
                 child, child_len = sam.child(state, length, tok)
                 rest = follow(sam, child, child_len, limit - j - 1, self.min_prob, p)
-                option = Draft(main.tokens[:j] + [tok] + rest.tokens)
-            out.setdefault(tuple(option.tokens), option)
-        return tuple(out.values())
+                option = (Draft(main.tokens[:j] + [tok] + rest.tokens),
+                          tuple(main.confidence[:j]) + (c,) + tuple(rest.confidence))
+            out.setdefault(tuple(option[0].tokens), option)
+        return list(out.values())
 
     def observe(self, outcome: Outcome) -> None:
         """No state to update (the index follows the context)."""

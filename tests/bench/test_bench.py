@@ -236,3 +236,31 @@ def test_bench_takes_several_drafters(tiny_target_path, tiny_draft_path, tiny_mo
                  "--data", str(data_dir), "--categories", "qa", "--per-category", "1", "--max-tokens", "4",
                  "--methods", "none,auto", "--n-ctx", "512", "--threads", "1", "--backends", "llama.cpp",
                  "--probe-repeats", "1", "--out", str(tmp_path / "cli"), "--no-warmup"]) == 0
+
+
+def test_repeated_task_shares_its_instruction_and_gets_the_cross_request_cache(
+        tiny_target_path, tiny_draft_path, data_dir, tmp_path, monkeypatch):
+    """``repeated-task``: one instruction over other functions than complete's; the engines keep a suffix
+    cache of earlier answers while it runs, and none during the other categories."""
+    from specdec.bench.prompts import REPEATED_TASK
+    from specdec.engine import Engine
+
+    ps = load_prompts(data_dir, per_category=1, categories=("complete", REPEATED_TASK))
+    rep = next(p for p in ps if p.category == REPEATED_TASK)
+    assert rep.text.startswith("Describe this Python function as a JSON object")
+    assert rep.id != next(p for p in ps if p.category == "complete").id
+    seen = []  # (category of the run, cache on?) for every auto generation
+    real = Engine.generate
+
+    def spy(self, ids, params, spec, *a, **kw):
+        seen.append(spec.method == "auto" and self.suffix_cache is not None)
+        return real(self, ids, params, spec, *a, **kw)
+
+    monkeypatch.setattr(Engine, "generate", spy)
+    cfg = BenchConfig(target=str(tiny_target_path), draft=str(tiny_draft_path), data_dir=str(data_dir),
+                      categories=("qa", REPEATED_TASK, "complete"), per_category=1, max_tokens=4, n_ctx=512,
+                      methods=("auto",), out_dir=str(tmp_path), progress=False, threads=1,
+                      backends=("llama.cpp",), probe_repeats=0, warmup=False)
+    doc = run_bench(cfg)
+    assert [r["category"] for r in doc["runs"]] == ["qa", REPEATED_TASK, "complete"]
+    assert seen == [False, True, False]
