@@ -72,6 +72,9 @@ CALL_N_MAX = 4096
 """Largest target call, in tokens, whose time the cost model records: decode steps of a whole batch and
 prompt chunks (:mod:`specdec.prefill`); larger calls (a whole long prompt, unchunked) are ignored."""
 
+CURVE_TOLERANCE = 0.01
+"""Relative move of a measured size's mean that makes the cost model recompute its priced curve."""
+
 ACCEPT_PRIOR = {"draft": 0.7, "ngram1": 0.25, "ngram2": 0.4, "ngram3": 0.55}
 """Prior acceptance rate per kind of proposal before any is measured; ``ngramN`` = an N-token suffix
 match (longer matches are likelier to continue). Unlisted n-gram orders use 0.65; every drafter's kind
@@ -337,7 +340,8 @@ class CostModel:
         self.load = ALONE
         """What shares the call being planned: set by the speculative step before each sequence proposes
         (:func:`specdec.step.speculative_step`), read by ``auto``; :data:`ALONE` outside a step."""
-        self._version = 0  # bumped by every target measurement (invalidates ``curve``)
+        self._version = 0  # bumped by a target measurement that moves the curve (invalidates ``curve``)
+        self._priced: dict[tuple[bool, int], float] = {}  # (greedy, n) -> S(n) when the curve last changed
         self._curves: dict[tuple, np.ndarray] = {}  # (greedy, optimistic) -> [CALL_N_MAX+1] S(n)
         self._curves_version = -1  # the _version they were computed at
         self._limits: dict[bool, int] = {}  # greedy -> size_limit, at _limits_version
@@ -359,9 +363,19 @@ class CostModel:
 
     # -- timings --------------------------------------------------------------------------------
     def observe_target(self, n: int, seconds: float, greedy: bool) -> None:
-        """One target call that scored ``n`` tokens (and verified them) in ``seconds``."""
-        self.target[greedy].observe(n, seconds)
-        self._version += 1
+        """One target call that scored ``n`` tokens (and verified them) in ``seconds``. The priced curve
+        (:meth:`curve`) is recomputed when a size is new (fewer than 4 samples) or its mean has moved more
+        than :data:`CURVE_TOLERANCE` since the curve last saw it: a plain step measures ``S(1)`` every step,
+        and recomputing the curve for each ~0.1% move of an average was a tenth of ``auto``'s own time on
+        a plain step (:mod:`specdec.bench.overhead`)."""
+        table = self.target[greedy]
+        table.observe(n, seconds)
+        if not 1 <= n <= table.n_max or not seconds > 0:
+            return
+        mean, seen = float(table.mean[n]), self._priced.get((greedy, n))
+        if seen is None or table.count[n] <= 3 or abs(mean - seen) > CURVE_TOLERANCE * seen:
+            self._priced[(greedy, n)] = mean
+            self._version += 1
 
     def _draft_tables(self, drafter: str) -> tuple[TimingTable, TimingTable]:
         """``drafter``'s (per token, per catch-up token) tables, created on first use."""
@@ -419,6 +433,12 @@ class CostModel:
         return AcceptanceStats(pool.prior, parent=pool, strength=REQUEST_STRENGTH)
 
     # -- the choice -----------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """Bumped whenever the priced curve changes (see :meth:`observe_target`): a decision that depends
+        on the curve alone may be reused while it stays."""
+        return self._version
+
     def size_limit(self, greedy: bool) -> int:
         """Largest call size ``n`` a choice may use: twice the largest size measured so far (at least 2).
 

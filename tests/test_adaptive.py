@@ -340,3 +340,41 @@ def test_auto_slow_start_caps_a_new_requests_blocks():
         context += drafts + [prompt[len(context) - 100 + len(drafts)]]
         feedback(p, cost, context, proposal, len(drafts))
     assert caps[0] <= START_K and caps[1] <= 2 * START_K and max(caps) > START_K
+
+
+def test_the_priced_curve_follows_moves_of_more_than_the_tolerance_only():
+    """A plain step measures S(1) every step; the curve is recomputed only when a new size appears or a
+    mean moves by more than CURVE_TOLERANCE (1%) since the curve last saw it."""
+    from specdec.adaptive import CURVE_TOLERANCE
+
+    cost = CostModel()
+    for _ in range(4):
+        cost.observe_target(1, 0.050, True)
+    v = cost.version
+    cost.observe_target(1, 0.0501, True)  # the mean moves 0.04%
+    assert cost.version == v and cost.curve(4, True)[1] == pytest.approx(0.050, rel=CURVE_TOLERANCE)
+    for _ in range(3):
+        cost.observe_target(1, 0.060, True)  # +20% in a few steps
+    assert cost.version > v and cost.curve(4, True)[1] == pytest.approx(cost.step_seconds(1, True), rel=CURVE_TOLERANCE)
+    v = cost.version
+    cost.observe_target(4, 0.080, True)  # a new size
+    assert cost.version == v + 1
+
+
+def test_a_drafter_that_cannot_pay_is_priced_once_while_nothing_changes(monkeypatch):
+    cost = FrozenCost(cpu_seconds, draft_seconds=0.030)
+    p = HybridProposer(draft=None, cost_model=cost, adaptive=True)
+    p.drafts = {"draft": object()}  # a drafter the policy prices but never runs (it cannot pay here)
+    priced = []
+    real = cost.best_k
+    monkeypatch.setattr(cost, "best_k", lambda accept, *a, **kw: priced.append(len(accept)) or real(accept, *a, **kw))
+    for catchup in (3, 4, 5):  # a growing catch-up only makes the draft dearer
+        choice = p._choose_auto([], 0, 8, {"draft": catchup}, True)
+        assert choice.source is None
+    assert len(priced) == 1
+    cost.observe_target = CostModel.observe_target.__get__(cost)
+    cost.observe_target(2, 0.5, True)  # the curve moves: priced again
+    p._choose_auto([], 0, 8, {"draft": 5}, True)
+    assert len(priced) == 2
+    p._choose_auto([], 0, 8, {"draft": 2}, True)  # less catch-up than when it was ruled out: priced again
+    assert len(priced) == 3

@@ -92,8 +92,9 @@ class BenchConfig:
         bad = [c for c in self.categories if c not in CATEGORIES]
         if bad or not self.categories:
             raise ValueError(f"unknown categories {bad}; choose from {', '.join(CATEGORIES)}")
-        if self.max_tokens < 1 or self.per_category < 1:
-            raise ValueError("--max-tokens and --per-category must be >= 1")
+        for flag, value in (("--max-tokens", self.max_tokens), ("--per-category", self.per_category)):
+            if value < 1:
+                raise ValueError(f"{flag} must be >= 1, got {value}")
         if not self.temperature >= 0:
             raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
         SpecConfig(method="draft", num_speculative_tokens=self.draft_k, draft_p_min=self.p_min)

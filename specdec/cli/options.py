@@ -56,7 +56,8 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                         "(default 0.1)")
     p.add_argument("--suffix-alternatives", type=int, default=0,
                    help="suffix: extra candidate branches per step, verified as a token tree in the same target "
-                        "call (default 0; each costs its length + 1 scored tokens and a free sequence)")
+                        "call (0-8, default 0; each costs its length + 1 scored tokens and a free sequence); auto: "
+                        "the most branches it may add where they pay (default and at least 3)")
     p.add_argument("--cascade", action="store_true",
                    help="draft models draft as a cascade: prompt lookup guesses their next tokens and each guess "
                         "is scored in one draft call (the same drafts, cheaper where the text repeats)")

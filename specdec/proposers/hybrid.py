@@ -184,6 +184,7 @@ class HybridProposer:
         self.tree = tree
         self._free_sequences = free_sequences
         self._branches: tuple[Draft, ...] = ()  # the alternatives of this step's suffix choice (a tree)
+        self._no_pay: dict[str, tuple] = {}  # drafter -> (conditions, catch-up) of its last "cannot pay"
 
     @property
     def draft(self) -> DraftModelProposer | None:
@@ -278,8 +279,7 @@ class HybridProposer:
                 options.append(dataclasses.replace(c, source="suffix"))
         for kind in self.drafts:  # each drafter is an option of its own, timed and scored on its own
             cost = lambda j, kind=kind: cm.draft_seconds(j, catchup[kind], greedy, drafter=kind)  # noqa: E731
-            ub = cm.best_k(np.ones(k), cost, greedy, load=load)  # perfect acceptance: could the draft ever pay?
-            if ub is None or _gain(ub, plain) <= DRAFT_MARGIN - 1:
+            if not self._could_pay(kind, cost, catchup[kind], k, greedy, plain):
                 continue  # (the usual verdict on a CPU: then its acceptance need not be priced at all)
             c = cm.best_k(self._accept(kind, order, k), cost, greedy, load=load)
             if c is not None:
@@ -293,6 +293,24 @@ class HybridProposer:
         if best is not None and self.probe.should_probe():
             return self._probe(best, match, order, k, catchup, greedy, plain, suffix) or plain
         return plain
+
+    def _could_pay(self, kind: str, cost, catchup: int, k: int, greedy: bool, plain: Choice) -> bool:
+        """Whether drafter ``kind`` could beat plain decoding by :data:`DRAFT_MARGIN` with every draft
+        accepted. A "no" is remembered while the cost model's curve (:attr:`CostModel.version`), the load,
+        ``k`` and the drafter's timing stay as they were and its catch-up does not shrink (``D(k)`` only grows with it), so a
+        drafter that cannot pay costs a plain step one comparison, not a pricing."""
+        cm, load = self.cost, self.cost.load
+        timing = cm.draft_timing.get(kind)
+        key = (cm.version, load, k, greedy, None if timing is None else (float(timing[0].mean[1]), float(timing[1].mean[1])))
+        no = self._no_pay.get(kind)
+        if no is not None and no[0] == key and catchup >= no[1]:
+            return False
+        ub = cm.best_k(np.ones(k), cost, greedy, load=load)  # perfect acceptance: could the draft ever pay?
+        if ub is None or _gain(ub, plain) <= DRAFT_MARGIN - 1:
+            self._no_pay[kind] = (key, catchup)
+            return False
+        self._no_pay.pop(kind, None)
+        return True
 
     def _tree(self, chain: Choice, suffix: Proposal, greedy: bool) -> Choice:
         """The suffix path ``chain`` with alternative candidates added where they raise the call's predicted
