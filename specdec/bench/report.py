@@ -64,6 +64,11 @@ def _limit(acc: list[float], table: TimingTable, t_draft: float) -> float:
     return best
 
 
+def _naming(backends) -> str:
+    """How the runs of several backends are named, for the report's header (nothing for one backend)."""
+    return " (the first one's runs are named by the method, the others' method@backend)" if len(backends) > 1 else ""
+
+
 def _predicted(steps: list[dict], tokens: float, table: TimingTable, t_draft: float,
                t_drafters: dict | None = None) -> float:
     """Decode speed-up the cost tables predict for ``steps`` (one ``{source: {k: count}}`` per run) that
@@ -176,7 +181,7 @@ def markdown(doc: dict, rows: list[dict]) -> str:
         f"{cfg['temperature']}, draft k={cfg['draft_k']}, ngram k={cfg['ngram_k']}, draft-pmin p_min={cfg['p_min']}; "
         f"{mach['threads']} threads on {mach['cpus']} CPUs; load average {mach['load_start'][0]:.1f} at the "
         f"start, {mach['load_end'][0]:.1f} at the end ({mach['time']}). Methods interleaved per prompt. Backends: "
-        f"{', '.join(cfg.get('backends') or ['llama.cpp'])} (runs on the second named method@ik).",
+        f"{', '.join(cfg.get('backends') or ['llama.cpp'])}{_naming(cfg.get('backends') or ())}.",
         "",
         "## Decode-only speed-up over specdec plain decoding (end to end in parentheses)",
         "",
