@@ -116,10 +116,11 @@ class TimingTable:
         self.mean = np.zeros(n_max + 1)  # [n_max+1] float64 seconds; index 0 unused
         self.count = np.zeros(n_max + 1, dtype=np.int64)
 
-    def observe(self, n: int, seconds: float) -> None:
-        """Record one call of size ``n`` that took ``seconds``."""
+    def observe(self, n: int, seconds: float) -> bool:
+        """Record one call of size ``n`` that took ``seconds``; False when ignored (a size out of range, no
+        time)."""
         if not 1 <= n <= self.n_max or not seconds > 0:
-            return
+            return False
         if self.count[n] == 0:
             self.mean[n] = seconds
         else:
@@ -127,6 +128,7 @@ class TimingTable:
                 seconds = min(max(seconds, 0.5 * self.mean[n]), 2.0 * self.mean[n])
             self.mean[n] += self.alpha * (seconds - self.mean[n])
         self.count[n] += 1
+        return True
 
     @property
     def measured(self) -> bool:
@@ -369,8 +371,7 @@ class CostModel:
         and recomputing the curve for each ~0.1% move of an average was a tenth of ``auto``'s own time on
         a plain step (:mod:`specdec.bench.overhead`)."""
         table = self.target[greedy]
-        table.observe(n, seconds)
-        if not 1 <= n <= table.n_max or not seconds > 0:
+        if not table.observe(n, seconds):
             return
         mean, seen = float(table.mean[n]), self._priced.get((greedy, n))
         if seen is None or table.count[n] <= 3 or abs(mean - seen) > CURVE_TOLERANCE * seen:

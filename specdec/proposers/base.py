@@ -77,7 +77,6 @@ class Proposal:
         draft_cost: What drafting cost a draft model, or ``None`` when no model ran.
         confidence: ``[k'] float`` the proposer's estimate of each main-candidate draft's acceptance given
             the earlier ones accepted (suffix decoding: count ratios), or ``()`` when it has none.
-        alt_confidence: The same for each alternative (``[c-1]`` tuples, one per token of it), or ``()``.
     """
 
     tokens: list[int]
@@ -86,7 +85,6 @@ class Proposal:
     kind: str | None = None
     draft_cost: DraftCost | None = None
     confidence: tuple[float, ...] = ()
-    alt_confidence: tuple[tuple[float, ...], ...] = ()
 
     @property
     def candidates(self) -> tuple[Draft, ...]:

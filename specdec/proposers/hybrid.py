@@ -245,7 +245,7 @@ class HybridProposer:
         if choice.source == "suffix":
             return dataclasses.replace(suffix, tokens=suffix.tokens[: choice.k],
                                        confidence=suffix.confidence[: choice.k],
-                                       alternatives=self._branches if choice.tree_tokens else (), alt_confidence=())
+                                       alternatives=self._branches if choice.tree_tokens else ())
         if choice.source in self.drafts:
             return self.drafts[choice.source].propose(context, choice.k, params, draws, kind=choice.source)
         return EMPTY_PROPOSAL

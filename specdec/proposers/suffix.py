@@ -200,7 +200,7 @@ class SuffixProposer:
             self._found = (found, self.cache.version if self.cache is not None else 0)
             alts = self._alternatives(sam, main, limit, [f[1] for f in found[1:]], self.alternatives)
         return Proposal(tokens=main.tokens, alternatives=tuple(d for d, _ in alts), kind="suffix",
-                        confidence=tuple(main.confidence), alt_confidence=tuple(c for _, c in alts))
+                        confidence=tuple(main.confidence))
 
     def branches(self, n: int) -> list[tuple[Draft, tuple[float, ...]]]:
         """Up to ``n`` alternative candidates of the last :meth:`propose` (same context), each with its
