@@ -26,10 +26,12 @@ class TableLM(SequenceBook):
         noise_seed: Seed of that noise.
         n_ctx: Context window per sequence.
         n_seq_max: Sequences at once.
+        saves: Whether a sequence can be saved to host memory and loaded back (as the GGUF backends do),
+            so that the prefix cache saves finished sequences instead of parking them.
     """
 
     def __init__(self, vocab=40, seed=0, scale=2.0, noise=0.0, noise_seed=1, n_ctx=256, n_seq_max=64,
-                 name="table-lm"):
+                 name="table-lm", saves=False):
         rng = np.random.default_rng(seed)
         tables = rng.standard_normal((3, vocab, vocab)) * np.array([1.0, 0.6, 0.3])[:, None, None]
         if noise:
@@ -39,6 +41,7 @@ class TableLM(SequenceBook):
         self.eog_ids = frozenset({vocab - 1})
         self._seqs: dict[int, list[int]] = {}
         self.calls = 0
+        self.saves = saves
         self._init_book()
 
     def logits_after(self, context) -> np.ndarray:
@@ -54,6 +57,13 @@ class TableLM(SequenceBook):
 
     def _copy(self, src: int, dst: int, n_tokens: int) -> bool:
         self._seqs[dst] = list(self._seqs[src][:n_tokens])
+        return True
+
+    def _save(self, seq_id: int):
+        return bytearray(np.asarray(self._seqs[seq_id], np.int32).tobytes()) if self.saves else None
+
+    def _load(self, seq_id: int, state) -> bool:
+        self._seqs[seq_id] = np.frombuffer(bytes(state), np.int32).tolist()
         return True
 
     def _forward(self, batch):

@@ -133,6 +133,15 @@ class SequenceBook:
         """Make the empty sequence ``dst`` hold positions ``0..n_tokens-1`` of ``src``; False if unsupported."""
         return False
 
+    def _save(self, seq_id: int) -> bytearray | None:
+        """The sequence's KV state, serialized by the library; None where it cannot save one."""
+        return None
+
+    def _load(self, seq_id: int, state: bytearray) -> bool:
+        """Load a state from :meth:`_save` into the empty sequence ``seq_id``; False when the library
+        refuses (no room in its KV cache)."""
+        return False
+
     def _reset(self, seq_id: int) -> None:
         """A new or freed sequence: drop everything it holds."""
         self._drop(seq_id, 0)
@@ -214,6 +223,34 @@ class SequenceBook:
             self._lengths[dst] = n_tokens
             return True
         self._reset(dst)
+        return False
+
+    def save_sequence(self, seq_id: int) -> bytearray | None:
+        """Copy the KV state of ``seq_id`` out of the library's cache (the sequence keeps it).
+
+        Returns:
+            The serialized state (host memory; opaque, for :meth:`load_sequence` of this backend only),
+            or None where the backend cannot save a sequence or the sequence is empty.
+        """
+        self._check_seq(seq_id)
+        return self._save(seq_id) if self._lengths[seq_id] else None
+
+    def load_sequence(self, seq_id: int, state: bytearray, n_tokens: int) -> bool:
+        """Make ``seq_id`` hold a state from :meth:`save_sequence` of ``n_tokens`` tokens (what it held
+        before is dropped).
+
+        Returns:
+            True on success; False when the library refuses (no room in its KV cache): ``seq_id`` is
+            then empty.
+        """
+        self._check_seq(seq_id)
+        assert 0 < n_tokens <= self.n_ctx, n_tokens
+        if self._lengths[seq_id]:
+            self.truncate(seq_id, 0)
+        if self._load(seq_id, state):
+            self._lengths[seq_id] = n_tokens
+            return True
+        self._reset(seq_id)
         return False
 
     def _check_open(self) -> None:

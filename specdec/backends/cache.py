@@ -4,7 +4,7 @@
 prefix before evaluating, so rejected drafts (and the all-accepted case, where the draft model never saw
 its last draft token) are handled by the same few lines. An empty cache starts from the longest prefix
 another sequence holds (:class:`~specdec.backends.prefix.PrefixCache`: running, pinned or parked
-sequences) by copying KV cells instead of evaluating them again, and :meth:`SequenceCache.fork` copies
+sequences, or saved states of finished ones) by copying KV cells instead of evaluating them again, and :meth:`SequenceCache.fork` copies
 another cache's prefix (alternative candidates of one step).
 This module knows token ids and the Backend protocol, nothing about sampling or speculation.
 """
@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from specdec.backends.base import Backend
-from specdec.backends.prefix import common_prefix
+from specdec.backends.prefix import SavedPrefix, common_prefix
 
 
 class SequenceCache:
@@ -58,7 +58,7 @@ class SequenceCache:
             del self.tokens[common:]
         if not self.tokens and self._prefix is not None and len(tokens) - n_logits > 0:
             donor, n = self._prefix.best(self, tokens, len(tokens) - n_logits)
-            if donor is not None and self.fork(donor, n):
+            if donor is not None and (self.load(donor, n) if isinstance(donor, SavedPrefix) else self.fork(donor, n)):
                 self.reused = n
                 self._prefix.reused_tokens += n
         return list(tokens[len(self.tokens):])
@@ -73,6 +73,23 @@ class SequenceCache:
         ok = self.backend.copy_prefix(other.seq_id, self.seq_id, n_tokens)
         self.tokens = list(other.tokens[:n_tokens]) if ok else []
         return ok
+
+    def load(self, saved: SavedPrefix, n_tokens: int) -> bool:
+        """Make this cache hold the first ``n_tokens`` of a saved prefix: load its state, then truncate.
+
+        Returns:
+            True on success; False where the library refuses (no room in its KV cache: the cache is then
+            empty and its tokens are evaluated instead).
+        """
+        assert n_tokens <= len(saved.tokens)
+        if not self.backend.load_sequence(self.seq_id, saved.state, len(saved.tokens)):
+            self.tokens = []
+            return False
+        self.tokens = list(saved.tokens)
+        if n_tokens < len(self.tokens):
+            self.backend.truncate(self.seq_id, n_tokens)
+            del self.tokens[n_tokens:]
+        return True
 
     def commit(self, new: Sequence[int]) -> None:
         """Record that ``new`` (from :meth:`plan`) was evaluated successfully."""
@@ -94,6 +111,14 @@ class SequenceCache:
         self.tokens = []
 
     def finish(self) -> None:
-        """The sequence's request is done: park it in the prefix cache when that keeps it, else free it."""
-        if self._prefix is None or not self._prefix.park(self):
-            self.free()
+        """The sequence's request is done: keep it in the prefix cache when that takes it (its state saved
+        to host memory and its cells freed where the backend can save, else parked with its cells), and
+        free it otherwise."""
+        prefix = self._prefix
+        if prefix is not None and prefix.accepts(len(self.tokens)):
+            state = self.backend.save_sequence(self.seq_id)
+            if state is not None:
+                prefix.keep(SavedPrefix(list(self.tokens), state))
+            elif prefix.park(self):
+                return
+        self.free()

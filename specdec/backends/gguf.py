@@ -82,6 +82,18 @@ class GGUFBackend(SequenceBook):
         """Free the batch, the context and the model, whichever exist; idempotent."""
         raise NotImplementedError
 
+    def _lib_state_size(self, seq_id: int) -> int:
+        """``llama_state_seq_get_size``: bytes of the sequence's serialized KV state."""
+        raise NotImplementedError
+
+    def _lib_state_get(self, seq_id: int, buf, size: int) -> int:
+        """``llama_state_seq_get_data`` into ``buf`` (``size`` bytes): the bytes written, 0 on failure."""
+        raise NotImplementedError
+
+    def _lib_state_set(self, seq_id: int, buf, size: int) -> int:
+        """``llama_state_seq_set_data`` from ``buf`` into ``seq_id``: the bytes read, 0 on failure (no room)."""
+        raise NotImplementedError
+
     def _lib_n_ctx_train(self) -> int:
         """The model's training context in tokens (0 when the file does not say)."""
         raise NotImplementedError
@@ -106,6 +118,17 @@ class GGUFBackend(SequenceBook):
         self._piece_cache: list[bytes | None] = [None] * n_vocab
         self._template: ChatTemplate | None = None
         self._control_texts: frozenset[str] | None = None
+
+    # -- saved sequences (the prefix cache's host copies) ---------------------------------------
+    def _save(self, seq_id: int) -> bytearray | None:
+        size = self._lib_state_size(seq_id)
+        state = bytearray(size)
+        written = self._lib_state_get(seq_id, (ctypes.c_ubyte * size).from_buffer(state), size)
+        return state if written == size else None
+
+    def _load(self, seq_id: int, state: bytearray) -> bool:
+        size = len(state)
+        return self._lib_state_set(seq_id, (ctypes.c_ubyte * size).from_buffer(state), size) > 0
 
     # -- evaluation ----------------------------------------------------------------------------
     def _forward(self, batch: dict[int, tuple[Sequence[int], int]]) -> dict[int, np.ndarray]:

@@ -60,6 +60,10 @@ _DECLARED = {
     "llama_vocab_bos": ([_c.c_void_p], _c.c_int32),
     "llama_model_chat_template": ([_c.c_void_p, _c.c_char_p], _c.c_char_p),
     "llama_print_system_info": ([], _c.c_char_p),
+    # the last argument is llama_state_seq_flags (uint32_t; 0 = the whole state)
+    "llama_state_seq_get_size": ([_c.c_void_p, _c.c_int32, _c.c_uint32], _c.c_size_t),
+    "llama_state_seq_get_data": ([_c.c_void_p, _c.c_void_p, _c.c_size_t, _c.c_int32, _c.c_uint32], _c.c_size_t),
+    "llama_state_seq_set_data": ([_c.c_void_p, _c.c_void_p, _c.c_size_t, _c.c_int32, _c.c_uint32], _c.c_size_t),
     "llama_log_set": ([_log_callback, _c.c_void_p], None),
 }
 # The functions used as the package declares them (ik's llama_tokenize / llama_token_to_piece take the
@@ -283,9 +287,25 @@ class IkLlamaCppBackend(GGUFBackend):
         self._lib.llama_kv_cache_seq_cp(self._ctx, src, dst, 0, n_tokens)
         return True
 
+    def _save(self, seq_id: int) -> bytearray | None:
+        return None if self.recurrent else super()._save(seq_id)
+
+    def _load(self, seq_id: int, state: bytearray) -> bool:
+        self._compact()  # the state's cells go into one run of free cells (ik's find_slot)
+        return super()._load(seq_id, state)
+
+    def _lib_state_size(self, seq_id: int) -> int:
+        return self._lib.llama_state_seq_get_size(self._ctx, seq_id, 0)
+
+    def _lib_state_get(self, seq_id: int, buf, size: int) -> int:
+        return self._lib.llama_state_seq_get_data(self._ctx, buf, size, seq_id, 0)
+
+    def _lib_state_set(self, seq_id: int, buf, size: int) -> int:
+        return self._lib.llama_state_seq_set_data(self._ctx, buf, size, seq_id, 0)
+
     # -- the library's calls behind GGUFBackend's loops -------------------------------------------
 
-    def _lib_decode(self) -> int:
+    def _compact(self) -> None:
         if self._holes:
             # ik_llama.cpp (0.1.5) attends over cells 0..n_kv-1 only and finds n_kv by probing the last
             # cell of each 32-cell block (256 with flash attention) from the top down: when the last
@@ -296,6 +316,9 @@ class IkLlamaCppBackend(GGUFBackend):
             self._lib.llama_kv_cache_defrag(self._ctx)
             self._lib.llama_kv_cache_update(self._ctx)
             self._holes = False
+
+    def _lib_decode(self) -> int:
+        self._compact()
         # Compact, the cache's free cells are one run, so a micro-batch (placed in contiguous cells) finds
         # room whenever enough cells are free; when they are not, ik_llama.cpp returns 1 (CacheFullError,
         # and SequenceBook.eval frees parked prefixes and tries again).

@@ -169,6 +169,15 @@ class LlamaCppBackend(GGUFBackend):
         lc.llama_memory_seq_cp(self._mem, src, dst, 0, n_tokens)
         return True
 
+    def _lib_state_size(self, seq_id: int) -> int:
+        return lc.llama_state_seq_get_size(self._ctx, seq_id)
+
+    def _lib_state_get(self, seq_id: int, buf, size: int) -> int:
+        return lc.llama_state_seq_get_data(self._ctx, buf, size, seq_id)
+
+    def _lib_state_set(self, seq_id: int, buf, size: int) -> int:
+        return lc.llama_state_seq_set_data(self._ctx, buf, size, seq_id)
+
     # -- the library's calls behind GGUFBackend's loops -------------------------------------------
 
     def _lib_decode(self) -> int:

@@ -6,32 +6,58 @@ llama-server's slot reuse do the same job):
 
 - **live** sequences (running requests: their committed tokens, or anything their cache holds);
 - **pinned** prefixes, kept on purpose (:meth:`SequenceBook.retain`: ``specdec check``'s prompt);
-- **parked** sequences: requests that finished, kept while there is room (least recently used first to
-  go, bounded by ``max_sequences`` and ``max_tokens``), so the next turn of a conversation, or the next
-  request with the same system prompt, skips the prefill of what it shares.
+- **saved** prefixes: requests that finished, their KV state copied out to host memory
+  (:class:`SavedPrefix`, llama.cpp's ``llama_state_seq_get_data``) and their cells freed, where the
+  backend can save a sequence (:meth:`SequenceBook.save_sequence`): a new sequence that shares their prefix
+  loads the state back (a memory copy) and truncates it, as llama-server's host prompt cache does;
+- **parked** sequences: finished requests kept in the KV cache itself, where the backend cannot save
+  (transformers' ``DynamicCache``, the test models).
+
+Saved and parked prefixes are kept while there is room (least recently used first to go, bounded by
+``max_sequences`` and ``max_tokens`` each), so the next turn of a conversation, or the next request with
+the same system prompt, skips the prefill of what it shares. Saving matters on llama.cpp's unified KV
+cache: every call attends over all cells in use, masked or not, so cells parked in it slow every decode
+step of every request (ik_llama.cpp: 1.34x with 6,144 parked cells, ``docs/bench/kv_layout``).
 
 A copy shares cells where the library can (llama.cpp's unified KV cache tags the same cells with the new
-sequence: nothing moves) and copies tensors where it must (transformers' ``DynamicCache``). The cached
-prefix is the same KV the sequence would compute itself, so outputs do not change (up to llama.cpp's
-batched-kernel rounding: the uncached suffix is evaluated in a smaller batch). This module knows sequence
-ids and token lists, not models.
+sequence: nothing moves) and copies tensors where it must (transformers' ``DynamicCache``, a saved state).
+The cached prefix is the same KV the sequence would compute itself, so outputs do not change (up to
+llama.cpp's batched-kernel rounding: the uncached suffix is evaluated in a smaller batch). This module
+knows sequence ids, token lists and opaque saved states, not models.
 """
 
 from __future__ import annotations
 
 import collections
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 if TYPE_CHECKING:
     from specdec.backends.cache import SequenceCache
 
 
+@dataclass(eq=False)
+class SavedPrefix:
+    """A finished sequence's KV state, copied out of the library's cache.
+
+    Attributes:
+        tokens: ``[n] int`` the token ids whose KV the state holds, in order.
+        state: The library's serialized state of the sequence (``llama_state_seq_get_data``; ~28 KB a
+            token for the default 1.5B target's F16 cache).
+    """
+
+    tokens: list[int]
+    state: bytearray
+
+
 class PrefixCache:
-    """Donor sequences of one backend, and the parked ones it keeps.
+    """Donor sequences of one backend, and the finished ones it keeps (saved or parked).
 
     Args:
-        max_sequences: Most parked sequences (0: finished sequences are freed, no parking).
-        max_tokens: Most tokens held by parked sequences together (their cells are not free).
+        max_sequences: Most saved prefixes, and most parked sequences (0: finished sequences are freed,
+            nothing is kept).
+        max_tokens: Most tokens held by saved prefixes together (host memory), and by parked sequences
+            together (KV cells that are not free).
 
     Attributes:
         lookups: New sequences that looked for a donor.
@@ -44,6 +70,7 @@ class PrefixCache:
         self.live: dict[int, SequenceCache] = {}
         self.pinned: list[SequenceCache] = []
         self.parked: collections.OrderedDict[int, SequenceCache] = collections.OrderedDict()
+        self.saved: collections.OrderedDict[int, SavedPrefix] = collections.OrderedDict()  # id(p) -> p, LRU first
         self.lookups = self.hits = self.reused_tokens = 0
 
     def configure(self, max_sequences: int, max_tokens: int) -> None:
@@ -61,13 +88,38 @@ class PrefixCache:
         self.live.pop(cache.seq_id, None)
         self.parked.pop(cache.seq_id, None)
 
+    def accepts(self, n_tokens: int) -> bool:
+        """Whether a finished sequence of ``n_tokens`` tokens may be kept (keeping is on and it fits)."""
+        return self.max_sequences >= 1 and 0 < n_tokens <= self.max_tokens
+
+    def keep(self, saved: SavedPrefix) -> bool:
+        """Keep a finished sequence's saved state as a donor if it fits; a saved prefix of it (the
+        previous turn of the same conversation) is dropped, as this one serves every lookup it served.
+
+        Returns:
+            True when kept.
+        """
+        if not self.accepts(len(saved.tokens)):
+            return False
+        for key, old in list(self.saved.items()):
+            n = len(old.tokens)
+            if n <= len(saved.tokens) and common_prefix(old.tokens, saved.tokens, n) == n:
+                del self.saved[key]
+        self.saved[id(saved)] = saved
+        self._shrink()
+        return id(saved) in self.saved
+
+    def saved_tokens(self) -> int:
+        """Tokens held by saved prefixes."""
+        return sum(len(p.tokens) for p in self.saved.values())
+
     def park(self, cache: "SequenceCache") -> bool:
-        """Keep a finished sequence as a donor if parking is on and it fits.
+        """Keep a finished sequence, cells and all, as a donor if parking is on and it fits.
 
         Returns:
             True when kept (the caller must not free it); False when the caller should free it.
         """
-        if self.max_sequences < 1 or not cache.tokens or len(cache.tokens) > self.max_tokens:
+        if not self.accepts(len(cache.tokens)):
             return False
         self.live.pop(cache.seq_id, None)
         self.parked[cache.seq_id] = cache
@@ -90,17 +142,22 @@ class PrefixCache:
     def _shrink(self) -> None:
         while self.parked and (len(self.parked) > self.max_sequences or self.parked_tokens() > self.max_tokens):
             self.evict(1)
+        while self.saved and (len(self.saved) > self.max_sequences or self.saved_tokens() > self.max_tokens):
+            self.saved.popitem(last=False)
 
     # -- lookup ---------------------------------------------------------------------------------
-    def donors(self) -> Iterator["SequenceCache"]:
-        """Every sequence a new one may copy from."""
+    def donors(self) -> Iterator["SequenceCache | SavedPrefix"]:
+        """Every sequence a new one may copy from, and every saved prefix it may load. Sequences in the
+        cache come first: at equal length, sharing cells costs nothing, loading a state a memory copy."""
         yield from self.pinned
         yield from self.parked.values()
         yield from self.live.values()
+        yield from self.saved.values()
 
-    def best(self, cache: "SequenceCache", tokens: Sequence[int], limit: int) -> tuple["SequenceCache | None", int]:
+    def best(self, cache: "SequenceCache", tokens: Sequence[int],
+             limit: int) -> tuple["SequenceCache | SavedPrefix | None", int]:
         """The donor sharing the longest prefix (at most ``limit`` tokens) with ``tokens``, for the new
-        sequence ``cache``; counts the lookup, and refreshes a parked donor's place in the LRU order."""
+        sequence ``cache``; counts the lookup, and refreshes a kept donor's place in the LRU order."""
         self.lookups += 1
         best, best_n = None, 0
         for donor in self.donors():
@@ -111,7 +168,9 @@ class PrefixCache:
                 best, best_n = donor, n
         if best is not None:
             self.hits += 1
-            if best.seq_id in self.parked:
+            if isinstance(best, SavedPrefix):
+                self.saved.move_to_end(id(best))
+            elif best.seq_id in self.parked:
                 self.parked.move_to_end(best.seq_id)
         return best, best_n
 

@@ -1,6 +1,7 @@
 """Prefix caching: a new sequence copies the KV cells of the longest prefix another holds (running, pinned or
-parked), outputs unchanged; parked prefixes are bounded, least recently used first to go, and give way to
-running sequences (ids and KV cells)."""
+parked) or loads a finished one's saved state, outputs unchanged; saved and parked prefixes are bounded,
+least recently used first to go; parked ones give way to running sequences (ids and KV cells), saved ones
+hold no cells at all."""
 
 import numpy as np
 import pytest
@@ -40,6 +41,34 @@ def test_parking_is_bounded_and_lru():
     assert not lm.prefix.parked
 
 
+def test_saved_prefixes_are_bounded_lru_and_superseded():
+    lm = TableLM(vocab=40, n_seq_max=6, saves=True)
+    lm.prefix.configure(max_sequences=2, max_tokens=100)
+    caches = [SequenceCache(lm) for _ in range(4)]
+    for i, c in enumerate(caches):
+        c.score([1, 2, 3, i], 1)
+    ids = [c.seq_id for c in caches]
+    caches[0].finish()
+    caches[1].finish()
+    assert not lm.prefix.parked and [p.tokens for p in lm.prefix.saved.values()] == [[1, 2, 3, 0], [1, 2, 3, 1]]
+    assert ids[0] not in lm.sequences and ids[1] not in lm.sequences  # saved: the sequences are free
+    new = SequenceCache(lm)
+    logits = new.score([1, 2, 3, 0, 9], 1)  # shares 4 tokens with the first saved prefix: loaded
+    assert new.reused == 4 and list(lm.prefix.saved.values())[-1].tokens == [1, 2, 3, 0]
+    np.testing.assert_array_equal(logits[0], lm.logits_after([1, 2, 3, 0, 9]))
+    caches[2].finish()  # a third: the least recently used ([1, 2, 3, 1]) goes
+    assert [p.tokens for p in lm.prefix.saved.values()] == [[1, 2, 3, 0], [1, 2, 3, 2]]
+    new.finish()  # [1, 2, 3, 0, 9] supersedes its own prefix [1, 2, 3, 0]
+    assert [p.tokens for p in lm.prefix.saved.values()] == [[1, 2, 3, 2], [1, 2, 3, 0, 9]]
+    short = SequenceCache(lm)
+    short.plan([1, 2, 3, 0, 5, 6], 1)  # loads the 5 saved tokens, keeps the 4 it shares
+    assert short.reused == 4 and short.tokens == [1, 2, 3, 0] and lm.length(short.seq_id) == 4
+    lm.prefix.configure(1, 4)  # a saved prefix over the token bound goes
+    assert [p.tokens for p in lm.prefix.saved.values()] == [[1, 2, 3, 2]] or not lm.prefix.saved
+    lm.prefix.configure(0, 0)
+    assert not lm.prefix.saved
+
+
 @pytest.fixture(scope="module", params=GGUF_BACKENDS)
 def pair(request, tiny_target_path, tiny_draft_path):
     """An engine on the tiny pair, once per GGUF backend."""
@@ -61,7 +90,8 @@ def test_second_turn_reuses_the_conversation_and_gives_the_same_output(pair, par
     assert uncached.stats.cached_prompt_tokens == 0
     pair.enable_prefix_cache(4, 4096)
     try:
-        pair.generate(turn1, params, spec)  # parks turn 1 + its output
+        pair.generate(turn1, params, spec)  # saves turn 1 + its output to host memory
+        assert pair.target.prefix.saved and not pair.target.prefix.parked
         hits = pair.target.prefix.hits
         cached = pair.generate(turn2, params, spec)
     finally:
@@ -89,9 +119,39 @@ def test_a_running_request_is_a_prefix(pair):
     assert chunks[-1].result.token_ids == ref.token_ids
 
 
+def test_a_saved_prefix_loads_exactly_and_holds_no_cells(tiny_target_path, gguf_backend):
+    # llama.cpp pads the cache to a multiple of 256 cells: 512 cells, two 300-token sequences do not fit
+    b = tiny_backend(tiny_target_path, gguf_backend, n_ctx=384, n_seq_max=4, n_cells=512)
+    try:
+        b.prefix.configure(2, 400)
+        ref = [(7 * i) % 250 + 3 for i in range(300)]
+        first = SequenceCache(b)
+        want = first.score(ref + [5], 1)
+        first.finish()
+        assert len(b.prefix.saved) == 1 and not b.prefix.parked and not b.sequences
+        other = SequenceCache(b)  # the saved prefix holds no cells: 300 more tokens fit beside it
+        other.score([(11 * i) % 250 + 3 for i in range(300)], 1)
+        other.free()
+        again = SequenceCache(b)
+        got = again.score(ref + [5], 1)  # 300 tokens loaded, the last one evaluated
+        assert again.reused == 300 and b.length(again.seq_id) == 301
+        np.testing.assert_allclose(got, want, atol=1e-4)
+        again.free()
+        blocker = SequenceCache(b)
+        blocker.score([(13 * i) % 250 + 3 for i in range(300)], 1)
+        late = SequenceCache(b)  # no room to load 301 cells beside the blocker: refused, nothing corrupted
+        assert not late.load(next(iter(b.prefix.saved.values())), 300) and late.tokens == []
+        assert b.length(late.seq_id) == 0 and b.length(blocker.seq_id) == 300
+        late.free()
+        blocker.free()
+    finally:
+        b.close()
+
+
 def test_full_kv_cache_evicts_parked_prefixes(tiny_target_path, gguf_backend):
     # llama.cpp pads the cache to a multiple of 256 cells: 512 cells, two 300-token sequences do not fit
     b = tiny_backend(tiny_target_path, gguf_backend, n_ctx=384, n_seq_max=4, n_cells=512)
+    b._save = lambda seq_id: None  # a backend that cannot save parks finished sequences in its cells
     try:
         b.prefix.configure(2, 400)
         parked = SequenceCache(b)
