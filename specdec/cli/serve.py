@@ -36,8 +36,9 @@ def add_parser(sub) -> None:
     s.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
     s.add_argument("--drain-timeout", type=float, default=120.0, help="seconds to finish requests on SIGTERM")
     s.add_argument("--prefix-cache-tokens", type=int, default=8192,
-                   help="tokens of finished requests kept per model to serve later requests' shared prefixes "
-                        "(multi-turn chats, system prompts) without prefill (default 8192; 0 = off)")
+                   help="tokens of finished requests kept per model (their KV cache copied to host memory) to "
+                        "serve later requests' shared prefixes (multi-turn chats, system prompts) without prefill "
+                        "(default 8192; 0 = off)")
     s.add_argument("--prefill-chunk-tokens", type=int, default=0,
                    help="prompt tokens per forward pass, so that running requests wait at most one chunk for "
                         "their next token while a long prompt is prefilled (default 0 = chosen from the measured "
@@ -138,9 +139,10 @@ def load_server(args: argparse.Namespace):
     from specdec.server import ServerConfig
 
     spec = spec_from_args(args)
-    # sequence ids for running requests, their alternative candidates and parked prefixes; KV cells for
-    # full-length running requests plus the prefix cache (parked sequences share cells, ids are cheap)
-    cells = args.n_ctx * args.max_concurrency + args.prefix_cache_tokens
+    # sequence ids for running requests and their alternative candidates (ids are cheap); KV cells for
+    # full-length running requests. The prefix cache holds no cells on the GGUF backends: a finished
+    # request's KV is saved to host memory (specdec.backends.prefix).
+    cells = args.n_ctx * args.max_concurrency
     engine = load_engine_from_args(args, spec, n_seq_max=min(256, 3 * args.max_concurrency), kv_cells=cells)
     config = ServerConfig(
         model_name=args.served_model_name or engine.name, api_key=api_key_of(args), metrics_public=args.metrics_public,
