@@ -54,7 +54,7 @@ class ServerMetrics:
             "prompt's tokens; vLLM's prefix_cache_queries). Hit rate = hits / queries.", registry=r)
         self.prefix_hits = Counter(
             "specdec_prefix_cache_hits", "Prompt tokens found in the prefix cache: their KV cells were copied "
-            "from a running or finished request instead of being evaluated.", registry=r)
+            "from a running request or loaded from a finished one's saved copy instead of being evaluated.", registry=r)
         self.generation_tokens = Counter(
             "specdec_generation_tokens", "Generated tokens delivered to clients (end-of-generation tokens excluded).",
             registry=r)
