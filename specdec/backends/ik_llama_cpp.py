@@ -274,9 +274,11 @@ class IkLlamaCppBackend(GGUFBackend):
     # -- the library's own sequence calls (bookkeeping: SequenceBook) ---------------------------
 
     def _drop(self, seq_id: int, n_tokens: int) -> bool:
-        if any(n for s, n in self._lengths.items() if s != seq_id):
-            # Cells freed while another sequence holds cells may leave a hole, see _lib_decode.
-            self._holes = True
+        # Freed cells may leave a hole below cells in use, or a short run of cells in use high above free
+        # ones (defrag fills holes from the end of the cache, out of position order): compact before the
+        # next decode or load (_compact). A compaction that moves nothing is cheap next to a decode, and
+        # only follows a step that dropped cells (rejected drafts); a plain decode step drops nothing.
+        self._holes = True
         return bool(self._lib.llama_kv_cache_seq_rm(self._ctx, seq_id, n_tokens, -1))
 
     def _copy(self, src: int, dst: int, n_tokens: int) -> bool:
@@ -292,7 +294,9 @@ class IkLlamaCppBackend(GGUFBackend):
 
     def _load(self, seq_id: int, state: bytearray) -> bool:
         self._compact()  # the state's cells go into one run of free cells (ik's find_slot)
-        return super()._load(seq_id, state)
+        loaded = super()._load(seq_id, state)
+        self._holes = True  # placed where the slot search started, perhaps above free cells: see _compact
+        return loaded
 
     def _lib_state_size(self, seq_id: int) -> int:
         return self._lib.llama_state_seq_get_size(self._ctx, seq_id, 0)
@@ -309,9 +313,10 @@ class IkLlamaCppBackend(GGUFBackend):
         if self._holes:
             # ik_llama.cpp (0.1.5) attends over cells 0..n_kv-1 only and finds n_kv by probing the last
             # cell of each 32-cell block (256 with flash attention) from the top down: when the last
-            # cell of the topmost block in use is free, that block's used cells drop out of attention
-            # and the logits are silently wrong (seen here once a few sequences had been truncated;
-            # tests/backends/test_gguf.py has the case). A compacted cache (cells 0..used-1 in use,
+            # cell of the topmost block in use is free, and so is the one of the block below it, that
+            # block's used cells drop out of attention and the logits are silently wrong (seen here once
+            # a few sequences had been truncated, and after a lone sequence loaded from a saved prefix
+            # was truncated; tests/backends/test_gguf.py and test_prefix.py have the cases). A compacted cache (cells 0..used-1 in use,
             # no holes; ik's defrag moves up to ~65536/(6 n_layer) runs of cells a call) keeps n_kv right.
             self._lib.llama_kv_cache_defrag(self._ctx)
             self._lib.llama_kv_cache_update(self._ctx)
