@@ -250,7 +250,8 @@ def start_systems(args, levels: list[int], logs: Path) -> tuple[list[System], li
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; prints Markdown tables, writes ``serving.json``/``serving.md``/``serving.png`` to ``--out``."""
+    """Entry point; prints Markdown tables, writes ``serving.json``/``serving.md``/``serving.png`` to ``--out``
+    (after every round, so that a long run keeps what it measured)."""
     p = argparse.ArgumentParser(prog="python -m specdec.bench.serving", description=__doc__.splitlines()[0])
     p.add_argument("--systems", default="specdec:none,specdec:auto,llama-server",
                    help="comma-separated: specdec:METHOD, llama-server, llama-server:draft "
@@ -287,6 +288,20 @@ def main(argv: list[str] | None = None) -> int:
     systems, procs = start_systems(args, levels, logs)
     load_before = os.getloadavg()
 
+    def report(samples: list[Sample], walls: dict, rounds_done: int) -> str:
+        rows = summarize(samples, walls)
+        load = f"load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after"
+        partial = f" (partial: {rounds_done} of {args.rounds} rounds)" if rounds_done < args.rounds else ""
+        table = (markdown(rows) + f"\n\n{load}; {args.jobs} jobs a cell, {args.max_tokens} tokens a request, "
+                 f"{rounds_done} round(s){partial}\n")
+        if out:
+            (out / "serving.md").write_text(table)
+            (out / "serving.json").write_text(json.dumps({"args": vars(args), "rows": rows, "load": load,
+                                                          "rounds_done": rounds_done,
+                                                          "samples": [asdict(s) for s in samples]}, indent=1))
+            plot(rows, out / "serving.png")
+        return table
+
     async def run() -> tuple[list[Sample], dict]:
         samples, walls = [], {}
         warm = [Job(None, ("Say hello.",))]
@@ -311,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"round {rnd + 1} {workload} {s[0].mode} {system.name}: "
                               f"{sum(x.tokens for x in s) / wall:.1f} tok/s", file=sys.stderr, flush=True)
                     cell += 1
+            if rnd + 1 < args.rounds:  # a long run keeps what it measured so far
+                report(samples, walls, rnd + 1)
         return samples, walls
 
     try:
@@ -318,15 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for proc in procs:
             proc.close()
-    rows = summarize(samples, walls)
-    load = f"load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after"
-    table = markdown(rows) + f"\n\n{load}; {args.jobs} jobs a cell, {args.max_tokens} tokens a request\n"
-    print(table)
-    if out:
-        (out / "serving.md").write_text(table)
-        (out / "serving.json").write_text(json.dumps({"args": vars(args), "rows": rows, "load": load,
-                                                      "samples": [asdict(s) for s in samples]}, indent=1))
-        plot(rows, out / "serving.png")
+    print(report(samples, walls, args.rounds))
     return 0
 
 

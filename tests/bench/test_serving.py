@@ -70,3 +70,16 @@ def test_main_against_a_url_writes_tables_and_plot(live, tmp_path):
     assert cells == {(w, m) for w in ("single", "multi-turn") for m in ("c=1", "c=2", "rate=10")}
     assert {r["requests"] for r in data["rows"]} == {2, 6}  # multi-turn: 3 turns a job
     assert (tmp_path / "serving.png").stat().st_size > 0 and "**multi-turn**" in (tmp_path / "serving.md").read_text()
+
+
+@pytest.mark.skipif(not HAVE_DATA, reason="benchmark data not found")
+def test_a_long_run_writes_its_tables_after_every_round(live, tmp_path, monkeypatch):
+    written = []  # requests in the tables at each write
+    real_plot = serving.plot
+    monkeypatch.setattr(serving, "plot", lambda rows, path: (written.append(sum(r["requests"] for r in rows)),
+                                                             real_plot(rows, path)))
+    rc = serving.main(["--url", live.url, "--model", "tiny", "--workloads", "single", "--jobs", "2",
+                       "--concurrency", "1", "--rounds", "2", "--max-tokens", "4", "--out", str(tmp_path)])
+    assert rc == 0 and written == [2, 4]  # after round 1 (partial), then the whole run
+    data = json.loads((tmp_path / "serving.json").read_text())
+    assert data["rounds_done"] == 2 and "2 round(s)" in (tmp_path / "serving.md").read_text()
