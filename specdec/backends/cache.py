@@ -4,8 +4,8 @@
 prefix before evaluating, so rejected drafts (and the all-accepted case, where the draft model never saw
 its last draft token) are handled by the same few lines. An empty cache starts from the longest prefix
 another sequence holds (:class:`~specdec.backends.prefix.PrefixCache`: running, pinned or parked
-sequences, or saved states of finished ones) by copying KV cells instead of evaluating them again, and :meth:`SequenceCache.fork` copies
-another cache's prefix (alternative candidates of one step).
+sequences, or saved states of finished ones) by copying KV cells instead of evaluating them again, and
+:meth:`SequenceCache.fork` copies another cache's prefix (alternative candidates of one step).
 This module knows token ids and the Backend protocol, nothing about sampling or speculation.
 """
 

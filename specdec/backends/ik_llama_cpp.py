@@ -316,8 +316,9 @@ class IkLlamaCppBackend(GGUFBackend):
             # cell of the topmost block in use is free, and so is the one of the block below it, that
             # block's used cells drop out of attention and the logits are silently wrong (seen here once
             # a few sequences had been truncated, and after a lone sequence loaded from a saved prefix
-            # was truncated; tests/backends/test_gguf.py and test_prefix.py have the cases). A compacted cache (cells 0..used-1 in use,
-            # no holes; ik's defrag moves up to ~65536/(6 n_layer) runs of cells a call) keeps n_kv right.
+            # was truncated; tests/backends/test_gguf.py and test_prefix.py have the cases). A compacted
+            # cache (cells 0..used-1 in use, no holes; ik's defrag moves up to ~65536/(6 n_layer) runs of
+            # cells a call) keeps n_kv right.
             self._lib.llama_kv_cache_defrag(self._ctx)
             self._lib.llama_kv_cache_update(self._ctx)
             self._holes = False

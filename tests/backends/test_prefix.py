@@ -169,7 +169,8 @@ def test_random_requests_get_the_logits_of_a_fresh_evaluation(tiny_target_path, 
                 if len(live) >= 4:
                     continue
                 base = rng.choice(bases)
-                tokens = base[:rng.randrange(1, len(base) + 1)] + [rng.randrange(3, 250) for _ in range(rng.randrange(1, 30))]
+                tokens = base[:rng.randrange(1, len(base) + 1)]
+                tokens += [rng.randrange(3, 250) for _ in range(rng.randrange(1, 30))]
                 cache = SequenceCache(b)
                 live.append(cache)
                 saved = len(b.prefix.saved)
