@@ -13,7 +13,8 @@ from server_helpers import LONG, PROMPTS, tiny_engine
 from specdec.adaptive import CostModel
 from specdec.engine import Engine
 from specdec.params import SamplingParams, SpecConfig
-from specdec.prefill import PREFILL_DEFAULT, PREFILL_MAX, PREFILL_MIN, PREFILL_STALL, check_chunk_tokens, prefill_budget
+from specdec.prefill import (PREFILL_DEFAULT, PREFILL_IDLE, PREFILL_MAX, PREFILL_MIN, PREFILL_STALL, check_chunk_tokens,
+                             prefill_budget)
 from specdec.scheduler import Scheduler
 
 CHUNK = 16
@@ -58,6 +59,19 @@ def test_budget_on_a_compute_bound_curve_is_the_floor():
     allowed = max(c for c in range(1, 300) if 0.020 + 0.015 * (d + c) <= PREFILL_STALL * (0.020 + 0.015 * d))
     assert allowed < PREFILL_MIN
     assert prefill_budget(0, cost, d, True) == PREFILL_MIN
+
+
+def test_a_call_with_no_decode_tokens_takes_larger_chunks():
+    """Nobody decodes in the call (a request alone, or all still prefilling): nobody waits for it, so the
+    budget is at least PREFILL_IDLE on a compute-bound curve (where one decode token would allow only the
+    floor), and no less than the latency bound allows on a flat one."""
+    cpu = measured(lambda n: 0.020 + 0.015 * n, [1, 2, 4, 8, 16, 64, 256])
+    assert prefill_budget(0, cpu, 1, True) == PREFILL_MIN < PREFILL_IDLE
+    assert prefill_budget(0, cpu, 0, True) == PREFILL_IDLE
+    assert prefill_budget(0, CostModel(), 0, True) == max(PREFILL_DEFAULT, PREFILL_IDLE)  # nothing measured
+    gpu = measured(lambda n: 0.010 + 0.0001 * max(0, n - 512), [1, 2, 4, 8, 64, 256, 512, 1024, 2048, 4000])
+    assert prefill_budget(0, gpu, 0, True) == prefill_budget(0, gpu, 1, True) > PREFILL_IDLE
+    assert prefill_budget(CHUNK, cpu, 0, True) == CHUNK  # a fixed setting stays fixed
 
 
 def test_budget_on_a_flat_curve_grows_to_the_knee():
@@ -190,6 +204,19 @@ def test_automatic_budget_chunks_a_prompt_by_the_measured_curve(engine, calls):
         engine.cost = real
     assert first_token_step(steps, 1) == math.ceil(len(prompts[-1]) / PREFILL_MIN) - 1
     assert max(max(c.values()) for c in calls["target"]) == PREFILL_MIN
+    # alone, with nobody decoding, the long prompt goes in one call (PREFILL_IDLE > its length)
+    assert len(prompts[-1]) > PREFILL_MIN
+    alone = [engine.admit(prompts[-1], GREEDY, SpecConfig(method="none"))]
+    engine.cost = measured(lambda n: 0.020 + 0.015 * n, [1, 2, 4, 8, 64, 256])
+    engine.cost.observe_target = lambda *a: None
+    calls["target"].clear()
+    try:
+        report = engine.step(alone, 0)
+    finally:
+        engine.cost = real
+        alone[0].close()
+    assert report.call.n_tokens == len(prompts[-1]) and alone[0].seq.prefilled
+    assert len(prompts[-1]) <= PREFILL_IDLE
     assert out == [engine.generate(p, GREEDY, SpecConfig(method="none")).token_ids for p in prompts]
 
 
