@@ -314,10 +314,12 @@ class Load:
             prompt's last chunk, none for its other chunks: see eq. (3) in the module docstring).
         committed: ``Y``, tokens they are expected to commit (recent accepted lengths; 1 for a prompt's last
             chunk).
+        sequences: The other sequences that commit a token in the call (a prompt's last chunk included).
     """
 
     tokens: int = 0
     committed: float = 0.0
+    sequences: int = 0
 
 
 ALONE = Load()

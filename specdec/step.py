@@ -124,14 +124,14 @@ def speculative_step(target: Backend, seqs: Sequence[SequenceState], cost=None,
     # prompt chunks are work the call does whatever the proposals: drafts are priced against its decode
     # part (a prompt's last chunk counts as one plain decode token, for the first token it commits)
     done = sum(not p.partial for p in plans.values())
-    load = Load(done, float(done))
+    load = Load(done, float(done), done)
     for seq in running:  # 1. propose, and plan what the target scores
         _, committed = expected.pop(seq)
         others = Load(load.tokens + sum(t for t, _ in expected.values()),
-                      load.committed + sum(c for _, c in expected.values()))
+                      load.committed + sum(c for _, c in expected.values()), load.sequences + len(expected))
         with report.isolate(seq), _sharing(cost, others):
             plans[seq] = plan = seq.plan(seq.propose())
-            load = Load(load.tokens + plan.n_tokens, load.committed + committed)
+            load = Load(load.tokens + plan.n_tokens, load.committed + committed, load.sequences + 1)
 
     plans = {seq: plans[seq] for seq in seqs if seq in plans}  # the batch in the callers' order
     t0 = time.perf_counter()  # 2. score every candidate of every sequence in one call

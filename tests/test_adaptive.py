@@ -179,6 +179,17 @@ def test_probe_schedule_backs_off_and_resets():
     assert [p.should_probe() for _ in range(4)][-1] is True
 
 
+def test_a_batch_probes_as_often_as_one_request_alone():
+    """In a call of n sequences a plain step counts 1/n: four requests sharing calls probe, together, as
+    often as one request alone (each probe may cost the whole batch a token)."""
+    alone, shared = ProbeSchedule(interval=4, min_interval=4), ProbeSchedule(interval=4, min_interval=4)
+    assert [alone.should_probe() for _ in range(4)].index(True) == 3
+    fired = [shared.should_probe(1 / 4) for _ in range(16)]
+    assert fired.index(True) == 15 and fired.count(True) == 1
+    fired = [shared.should_probe(1 / 4) for _ in range(32)]  # the probe lost: the interval doubled
+    assert fired.index(True) == 31
+
+
 # -- the policy, simulated ---------------------------------------------------------------------------
 
 

@@ -195,6 +195,7 @@ def test_each_proposer_is_told_the_others_tokens_and_commits():
         # ... except that a prompt's last chunk counts as one plain decode token
         assert last[i].tokens == 1 + first[i].tokens
         assert last[i].committed == pytest.approx(1 + sum(c for j, c in enumerate(committed_last) if j != i))
+        assert (first[i].sequences, last[i].sequences) == (2, 3)  # the others that commit in the call
 
 
 def probe_choice(seconds, load: Load):
