@@ -135,16 +135,20 @@ class SequenceState:
         return self._recent_committed
 
     # -- 0. prefill --------------------------------------------------------------------------------
-    def plan_prefill(self, limit: int | None = None) -> ScorePlan:
+    def plan_prefill(self, limit: int | None = None) -> ScorePlan | None:
         """The prompt's next chunk: at most ``limit`` tokens (``None``: all) of what the target cache does
         not hold yet (the prefix cache may have copied a prefix); the last chunk asks for the logits of
         the prompt's last position, which give the first token. The proposer prepares on the prompt up
-        to the chunk's end (a draft model prefills chunk by chunk too).
+        to the chunk's end (a draft model prefills chunk by chunk too). None, before the first chunk, while
+        another sequence is still prefilling a longer part of this prompt than any donor holds: it waits to
+        copy it (:meth:`~specdec.backends.cache.SequenceCache.should_wait`).
 
         Raises:
             BackendError: from the prefix cache's copy.
         """
         assert not self.prefilled and (limit is None or limit >= 1)
+        if self.target.should_wait(self.context, 1):
+            return None
         new = self.target.plan(self.context, 1)
         partial = limit is not None and len(new) > limit
         if partial:

@@ -4,7 +4,8 @@ For a list of running sequences (one request alone, or a scheduler's whole batch
 
 0. **prefill**: a sequence whose prompt is not evaluated yet adds its next chunk of the prompt to the
    call, within the call's prefill budget (:mod:`specdec.prefill`; oldest sequence first; whole prompts
-   without a budget); the last chunk's logits give its first token (a plain step);
+   without a budget); the last chunk's logits give its first token (a plain step). A new sequence whose
+   prompt an older one is still prefilling waits to copy that part (the prefix cache);
 1. **propose**: each prefilled sequence's proposer drafts ``k`` tokens (one or more candidate
    continuations; none on a plain step), knowing what else shares the call (:class:`~specdec.adaptive.Load`:
    the other sequences' tokens and expected commits, so ``auto`` prices its drafts at their marginal cost);
@@ -119,7 +120,10 @@ def speculative_step(target: Backend, seqs: Sequence[SequenceState], cost=None,
         if seq.prefilled or budget == 0:
             continue
         with report.isolate(seq):
-            plans[seq] = plan = seq.plan_prefill(budget)
+            plan = seq.plan_prefill(budget)
+            if plan is None:  # waits to copy a prompt prefix that an older sequence is prefilling
+                continue
+            plans[seq] = plan
             budget = None if budget is None else budget - plan.n_tokens
     # prompt chunks are work the call does whatever the proposals: drafts are priced against its decode
     # part (a prompt's last chunk counts as one plain decode token, for the first token it commits)

@@ -279,3 +279,49 @@ def test_only_the_uncached_tail_is_chunked(engine, calls):
     assert first_token_step(steps, 1) == math.ceil(tail / CHUNK) - 1
     assert max(max(c.values()) for c in calls["target"]) <= CHUNK
     assert out[1] == engine.generate(second, GREEDY, SpecConfig(method="none")).token_ids
+
+
+@pytest.mark.parametrize("method", ["none", "auto"])
+def test_requests_arriving_together_prefill_a_shared_prompt_once(engine, calls, method):
+    """Three requests whose prompts share a new ~200-token prefix arrive together: the oldest prefills it
+    chunk by chunk while the others wait, then they copy it and evaluate only their own tails; outputs equal
+    their solo runs. A shared part shorter than WAIT_MIN is evaluated, not waited for.
+
+    The budget (128 tokens a call) leaves room beside the oldest prompt's last chunk: without the wait the
+    next request copied what the oldest held before that call and evaluated the rest of the shared part
+    itself (seen in the serving bench: three of four requests each evaluated ~170 shared tokens again)."""
+    from specdec.backends.prefix import WAIT_MIN
+
+    spec = SpecConfig(method=method, num_speculative_tokens=3)
+    shared = engine.encode_prompt(LONG_PROMPT)
+    tails = [engine.encode_prompt(t) for t in (" Where did the fox go?", " Did the dog swim?", " Why a river?")]
+    prompts = [shared + t for t in tails]
+    budget = 128
+    assert len(shared) - budget * (len(shared) // budget) >= WAIT_MIN + 8  # the last chunk holds shared tokens
+    calls["target"].clear()
+    reqs = [engine.admit(p, GREEDY, spec) for p in prompts]
+    try:
+        ids = [r.seq.target.seq_id for r in reqs]
+        while not all(r.finished for r in reqs):
+            engine.step([r for r in reqs if not r.finished], budget).raise_failure()
+        reused = [r.seq.target.reused for r in reqs]
+        out = [r.output.token_ids for r in reqs]
+    finally:
+        for r in reqs:
+            r.close()
+    prefilled = [sum(c.get(s, 0) for c in calls["target"] if c.get(s, 0) > 4) for s in ids]  # prompt chunks
+    assert prefilled[0] >= len(prompts[0]) - 4
+    for i in (1, 2):
+        assert reused[i] >= len(shared) - 1, reused
+        assert prefilled[i] <= len(tails[i]) + 4, prefilled
+    assert out == [engine.generate(p, GREEDY, spec).token_ids for p in prompts]
+    # a shared part below WAIT_MIN: no waiting, both prefill from the first call on
+    short = [shared[: WAIT_MIN - 8] + t for t in tails[:2]]
+    calls["target"].clear()
+    reqs = [engine.admit(p, GREEDY.replace(max_tokens=2), spec) for p in short]
+    try:
+        engine.step(reqs, None).raise_failure()
+        assert all(r.seq.prefilled for r in reqs)
+    finally:
+        for r in reqs:
+            r.close()

@@ -34,6 +34,7 @@ class SequenceCache:
         self.backend = backend
         self.seq_id = backend.new_sequence() if seq_id is None else seq_id
         self.tokens: list[int] = []
+        self.filling: Sequence[int] = ()  # what the last plan() fills the cache towards (a whole prompt)
         self.reused = 0  # tokens copied from another sequence instead of evaluated (prefix cache hit)
         self._prefix = getattr(backend, "prefix", None)
         if self._prefix is not None:
@@ -49,6 +50,7 @@ class SequenceCache:
         matching prefix another sequence holds (:class:`~specdec.backends.prefix.PrefixCache`).
         """
         assert 1 <= n_logits <= len(tokens), (n_logits, len(tokens))
+        self.filling = tokens
         limit = min(len(self.tokens), len(tokens) - n_logits)
         # The usual case (the cache holds a prefix of tokens up to limit) in one C-level comparison
         # instead of a Python loop over the whole context; the loop only runs after a real divergence.
@@ -62,6 +64,14 @@ class SequenceCache:
                 self.reused = n
                 self._prefix.reused_tokens += n
         return list(tokens[len(self.tokens):])
+
+    def should_wait(self, tokens: Sequence[int], n_logits: int) -> bool:
+        """Whether this empty cache should wait before :meth:`plan` for ``tokens``: another sequence is still
+        evaluating a longer prefix of them than any donor holds now (requests that share a new system prompt
+        and arrive together), so copying it later saves evaluating it twice
+        (:meth:`~specdec.backends.prefix.PrefixCache.filling`)."""
+        return (not self.tokens and self._prefix is not None
+                and self._prefix.filling(self, tokens, len(tokens) - n_logits))
 
     def fork(self, other: "SequenceCache", n_tokens: int) -> bool:
         """Make this cache hold the first ``n_tokens`` of ``other`` (same backend) by copying KV cells.

@@ -15,7 +15,9 @@ llama-server's slot reuse do the same job):
 
 Saved and parked prefixes are kept while there is room (least recently used first to go, bounded by
 ``max_sequences`` and ``max_tokens`` each), so the next turn of a conversation, or the next request with
-the same system prompt, skips the prefill of what it shares. Saving matters on llama.cpp's unified KV
+the same system prompt, skips the prefill of what it shares. A new sequence whose prompt another is still
+prefilling (requests sharing a new system prompt that arrive together) waits until that part is evaluated
+and copies it then (:meth:`PrefixCache.filling`), instead of evaluating it a second time. Saving matters on llama.cpp's unified KV
 cache: every call attends over all cells in use, masked or not, so cells parked in it slow every decode
 step of every request (ik_llama.cpp: 1.34x with 6,144 parked cells, ``docs/bench/kv_layout``).
 
@@ -34,6 +36,10 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 if TYPE_CHECKING:
     from specdec.backends.cache import SequenceCache
+
+WAIT_MIN = 32
+"""Fewest tokens of its prompt that a new sequence must gain by waiting for another sequence's prefill
+(:meth:`PrefixCache.filling`): a shorter shared part is cheaper to evaluate than to wait for."""
 
 
 @dataclass(eq=False)
@@ -173,6 +179,21 @@ class PrefixCache:
             elif best.seq_id in self.parked:
                 self.parked.move_to_end(best.seq_id)
         return best, best_n
+
+
+    def filling(self, cache: "SequenceCache", tokens: Sequence[int], limit: int) -> bool:
+        """Whether a live sequence is still evaluating a prefix of ``tokens`` (at most ``limit`` of them) at
+        least :data:`WAIT_MIN` tokens longer than any donor holds now: the new sequence ``cache`` then waits
+        and copies it once evaluated, instead of evaluating the same tokens beside it (requests sharing a new
+        system prompt that arrive together). The one it waits for started first, so it is older and takes
+        the prefill budget first (:func:`specdec.step.speculative_step`): the wait ends."""
+        if limit < WAIT_MIN:
+            return False
+        now = max((common_prefix(d.tokens, tokens, min(limit, len(d.tokens))) for d in self.donors()
+                   if d is not cache), default=0)
+        soon = max((common_prefix(d.filling, tokens, min(limit, len(d.filling))) for d in self.live.values()
+                    if d is not cache and len(d.filling) > len(d.tokens) + WAIT_MIN), default=0)
+        return soon >= now + WAIT_MIN
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
