@@ -1,6 +1,7 @@
 """In-process closed-loop serving of a serving-bench workload, methods alternated on one engine (a record of
 the measurement in docs/bench/README.md, "On an AMX machine"; not part of the package). `auto-old`: auto with
-every plain step counted whole towards the next probe (the rule before the probe share).
+every plain step counted whole towards the next probe (the rule before the probe share); `-nowait` after a
+method: new requests never wait for another's prefill of their prompt (the rule before that change).
 Per step it logs the step wall time, the target call, drafted/accepted tokens and probes.
 Run: python3 docs/bench/serving-amx/inprocess.py --workload single --c 8 --rounds 2 --methods none,auto-old,auto"""
 import argparse, json, queue, threading, time, sys, collections
@@ -60,6 +61,10 @@ _orig_sp = hyb.ProbeSchedule.should_probe
 def _sp(self, share=1.0):
     return _orig_sp(self, 1.0 if OLD[0] else share)
 hyb.ProbeSchedule.should_probe = _sp
+from specdec.backends.cache import SequenceCache
+NOWAIT = [False]
+_orig_wait = SequenceCache.should_wait
+SequenceCache.should_wait = lambda self, *a: False if NOWAIT[0] else _orig_wait(self, *a)
 import specdec.engine as engmod
 engmod.speculative_step = logged
 
@@ -68,7 +73,8 @@ def run_cell(method, tag):
     q = queue.Queue()
     for j in jobs: q.put(j)
     OLD[0] = method.endswith("-old")
-    spec = SpecConfig(method=method.removesuffix("-old"))
+    NOWAIT[0] = method.endswith("-nowait")
+    spec = SpecConfig(method=method.removesuffix("-old").removesuffix("-nowait"))
     params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens)
     toks = [0]; ttft = []; lock = threading.Lock()
     def client():
