@@ -325,3 +325,22 @@ def test_requests_arriving_together_prefill_a_shared_prompt_once(engine, calls, 
     finally:
         for r in reqs:
             r.close()
+
+
+def test_a_request_waiting_for_a_shared_prefill_goes_on_when_the_other_is_cancelled(engine):
+    """B waits while A prefills their shared prefix; A is cancelled (closed) mid-prefill: B then prefills
+    from what is left (here, from scratch) and its output equals its solo run."""
+    spec = SpecConfig(method="none")
+    shared = engine.encode_prompt(LONG_PROMPT)
+    a_ids, b_ids = shared + engine.encode_prompt(" One."), shared + engine.encode_prompt(" Two, three.")
+    a, b = engine.admit(a_ids, GREEDY, spec), engine.admit(b_ids, GREEDY, spec)
+    try:
+        engine.step([a, b], 64).raise_failure()
+        assert len(a.seq.target.tokens) == 64 and not b.seq.target.tokens  # b waits, spending no budget
+        a.close()
+        while not b.finished:
+            engine.step([b], 64).raise_failure()
+        assert b.output.token_ids == engine.generate(b_ids, GREEDY, spec).token_ids
+    finally:
+        a.close()
+        b.close()
