@@ -14,10 +14,10 @@ clipped to ``[PREFILL_MIN, PREFILL_MAX]`` and to twice the largest call measured
 extrapolated, so a chunk grows by doubling until the curve shows its cost); :data:`PREFILL_DEFAULT` before
 any call is measured. A call with no decode tokens stalls nobody, so it takes at least :data:`PREFILL_IDLE`
 prompt tokens: a request alone, or requests that all wait for their first token, get their prompts in
-larger calls, which cost less a token than small chunks. On a flat, GPU-like curve the bound allows hundreds of tokens at almost no cost to
-the running requests; on a compute-bound CPU it allows a handful, and :data:`PREFILL_MIN` keeps the prompt
-moving at close to its full prefill speed (the per-call overhead amortized) at the price of slower decode
-steps while it lasts.
+larger calls, which cost less a token than small chunks. On a flat, GPU-like curve the bound allows
+hundreds of tokens at almost no cost to the running requests; on a compute-bound CPU it allows a handful,
+and :data:`PREFILL_MIN` keeps the prompt moving at close to its full prefill speed (the per-call overhead
+amortized) at the price of slower decode steps while it lasts.
 
 This module knows token counts and the cost model, not sequences or backends: the step asks it for a
 call's budget and spends it on the waiting prompts in admission order.

@@ -17,9 +17,10 @@ Saved and parked prefixes are kept while there is room (least recently used firs
 ``max_sequences`` and ``max_tokens`` each), so the next turn of a conversation, or the next request with
 the same system prompt, skips the prefill of what it shares. A new sequence whose prompt another is still
 prefilling (requests sharing a new system prompt that arrive together) waits until that part is evaluated
-and copies it then (:meth:`PrefixCache.filling`), instead of evaluating it a second time. Saving matters on llama.cpp's unified KV
-cache: every call attends over all cells in use, masked or not, so cells parked in it slow every decode
-step of every request (ik_llama.cpp: 1.34x with 6,144 parked cells, ``docs/bench/kv_layout``).
+and copies it then (:meth:`PrefixCache.filling`), instead of evaluating it a second time. Saving matters
+on llama.cpp's unified KV cache: every call attends over all cells in use, masked or not, so cells parked
+in it slow every decode step of every request (ik_llama.cpp: 1.34x with 6,144 parked cells,
+``docs/bench/kv_layout``).
 
 A copy shares cells where the library can (llama.cpp's unified KV cache tags the same cells with the new
 sequence: nothing moves) and copies tensors where it must (transformers' ``DynamicCache``, a saved state).
@@ -165,13 +166,7 @@ class PrefixCache:
         """The donor sharing the longest prefix (at most ``limit`` tokens) with ``tokens``, for the new
         sequence ``cache``; counts the lookup, and refreshes a kept donor's place in the LRU order."""
         self.lookups += 1
-        best, best_n = None, 0
-        for donor in self.donors():
-            if donor is cache:
-                continue
-            n = common_prefix(donor.tokens, tokens, min(limit, len(donor.tokens)))
-            if n > best_n:
-                best, best_n = donor, n
+        best, best_n = self._longest(cache, tokens, limit)
         if best is not None:
             self.hits += 1
             if isinstance(best, SavedPrefix):
@@ -180,6 +175,18 @@ class PrefixCache:
                 self.parked.move_to_end(best.seq_id)
         return best, best_n
 
+    def _longest(self, cache: "SequenceCache", tokens: Sequence[int],
+                 limit: int) -> tuple["SequenceCache | SavedPrefix | None", int]:
+        """The donor other than ``cache`` holding the longest prefix of ``tokens`` (at most ``limit``), and
+        its length (``None, 0`` when none shares a token); no counters, no LRU refresh."""
+        best, best_n = None, 0
+        for donor in self.donors():
+            if donor is cache:
+                continue
+            n = common_prefix(donor.tokens, tokens, min(limit, len(donor.tokens)))
+            if n > best_n:
+                best, best_n = donor, n
+        return best, best_n
 
     def filling(self, cache: "SequenceCache", tokens: Sequence[int], limit: int) -> bool:
         """Whether a live sequence is still evaluating a prefix of ``tokens`` (at most ``limit`` of them) at
@@ -189,8 +196,7 @@ class PrefixCache:
         the prefill budget first (:func:`specdec.step.speculative_step`): the wait ends."""
         if limit < WAIT_MIN:
             return False
-        now = max((common_prefix(d.tokens, tokens, min(limit, len(d.tokens))) for d in self.donors()
-                   if d is not cache), default=0)
+        _, now = self._longest(cache, tokens, limit)
         soon = max((common_prefix(d.filling, tokens, min(limit, len(d.filling))) for d in self.live.values()
                     if d is not cache and len(d.filling) > len(d.tokens) + WAIT_MIN), default=0)
         return soon >= now + WAIT_MIN
