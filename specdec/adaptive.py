@@ -54,8 +54,9 @@ measured curve.
 
 This module knows numbers only: no models, tokens or arrays of logits. Nothing writes the cost model but
 :meth:`CostModel.observe_step` (and the step, which sets :attr:`CostModel.load` while a sequence
-proposes); proposers only read it. (Past 300 lines on purpose: the timing table, the
-acceptance estimator and the choice are one model, each part meaningless without the others.)
+proposes); proposers only read it. (Past 300 lines on purpose: the acceptance estimator and the choice
+are one model, each meaningless without the other; the timing tables are :mod:`specdec.timing` and
+:mod:`specdec.batch_cost`.)
 """
 
 from __future__ import annotations
@@ -65,12 +66,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specdec.batch_cost import SharedCallCost
+from specdec.timing import CALL_N_MAX, TimingTable
+
 N_MAX = 65
 """Most draft positions the acceptance statistics track, plus one (k_max = 64)."""
-
-CALL_N_MAX = 4096
-"""Largest target call, in tokens, whose time the cost model records: decode steps of a whole batch and
-prompt chunks (:mod:`specdec.prefill`); larger calls (a whole long prompt, unchunked) are ignored."""
 
 CURVE_TOLERANCE = 0.01
 """Relative move of a measured size's mean that makes the cost model recompute its priced curve."""
@@ -96,137 +96,6 @@ def expected_tokens(accept: np.ndarray) -> np.ndarray:
         ``[K+1] float64``: ``E(0) = 1, E(1), ..., E(K)``.
     """
     return np.concatenate(([1.0], 1.0 + np.cumsum(np.cumprod(np.asarray(accept, dtype=np.float64)))))
-
-
-class TimingTable:
-    """Online wall time of one call by its size ``n`` (tokens), ``n = 1..n_max``, in seconds.
-
-    Each size keeps an exponentially weighted mean (weight ``alpha`` for a new sample). Once a size
-    has three samples, a new one is clipped to [0.5x, 2x] of the mean, so a burst of load from another
-    process moves the estimate only a little.
-
-    Args:
-        n_max: Largest size tracked; larger calls (prefills) are ignored.
-        alpha: Weight of a new sample.
-    """
-
-    def __init__(self, n_max: int = CALL_N_MAX, alpha: float = 0.2):
-        self.n_max = n_max
-        self.alpha = alpha
-        self.mean = np.zeros(n_max + 1)  # [n_max+1] float64 seconds; index 0 unused
-        self.count = np.zeros(n_max + 1, dtype=np.int64)
-
-    def observe(self, n: int, seconds: float) -> bool:
-        """Record one call of size ``n`` that took ``seconds``; False when ignored (a size out of range, no
-        time)."""
-        if not 1 <= n <= self.n_max or not seconds > 0:
-            return False
-        if self.count[n] == 0:
-            self.mean[n] = seconds
-        else:
-            if self.count[n] >= 3:
-                seconds = min(max(seconds, 0.5 * self.mean[n]), 2.0 * self.mean[n])
-            self.mean[n] += self.alpha * (seconds - self.mean[n])
-        self.count[n] += 1
-        return True
-
-    @property
-    def measured(self) -> bool:
-        """True once any size has a sample."""
-        return bool(self.count.any())
-
-    def snapshot(self) -> dict:
-        """``{"S": {n: seconds}, "count": {n: samples}}`` of the measured sizes (JSON-ready)."""
-        sizes = [int(n) for n in np.flatnonzero(self.count)]
-        return {"S": {n: float(self.mean[n]) for n in sizes}, "count": {n: int(self.count[n]) for n in sizes}}
-
-    @classmethod
-    def from_snapshot(cls, snap: dict, n_max: int = CALL_N_MAX) -> "TimingTable":
-        """The table a :meth:`snapshot` describes (keys may be strings, as after a JSON round trip)."""
-        table = cls(n_max)
-        for n, seconds in snap["S"].items():
-            table.mean[int(n)], table.count[int(n)] = seconds, snap["count"][n]
-        return table
-
-    def estimate(self, n: int, optimistic: bool = False) -> float:
-        """Seconds for a call of size ``n``; NaN when nothing is measured.
-
-        A measured size returns its mean; between measured sizes, linear interpolation; below the
-        smallest, that size's time scaled by ``n / n_lo``; beyond the largest, with ``optimistic`` its
-        time (a lower bound: a call never gets cheaper with more tokens), otherwise extrapolated with
-        the slope between the two largest measured sizes (or proportionally when only one is known).
-        With ``optimistic``, a size with fewer than 3 samples returns the smaller of its mean and the
-        estimate from the other sizes, so one unlucky first sample does not rule it out for good.
-        """
-        n = min(max(n, 1), self.n_max)
-        if self.count[n] and (self.count[n] >= 3 or not optimistic):
-            return float(self.mean[n])
-        sizes = np.flatnonzero(self.count)
-        if self.count[n]:
-            sizes = sizes[sizes != n]
-            if len(sizes) == 0:
-                return float(self.mean[n])
-            return min(float(self.mean[n]), self._from_sizes(sizes, n, optimistic))
-        if len(sizes) == 0:
-            return math.nan
-        return self._from_sizes(sizes, n, optimistic)
-
-    def curve(self, optimistic: bool = False, upto: int | None = None) -> np.ndarray:
-        """``[upto+1] float64``: :meth:`estimate` of every size ``n = 0..upto`` (default ``n_max``) at once
-        (index 0 and every size when nothing is measured: NaN), for decisions that price many sizes per
-        step; ``upto`` keeps that cheap when the table tracks thousands of sizes (prompt chunks)."""
-        upto = self.n_max if upto is None else min(upto, self.n_max)
-        out = np.full(upto + 1, math.nan)
-        sizes = np.flatnonzero(self.count)
-        if len(sizes) == 0:
-            return out
-        out[1:] = self._from_sizes_all(sizes, np.arange(1, upto + 1), optimistic)
-        inside = sizes[sizes <= upto]
-        out[inside] = self.mean[inside]
-        if optimistic and len(sizes) > 1:  # a size with < 3 samples: the smaller of its mean and its neighbours'
-            few = np.flatnonzero((self.count[sizes] < 3) & (sizes <= upto))  # [f] indices into sizes
-            lo, hi = sizes[np.maximum(few - 1, 0)], sizes[np.minimum(few + 1, len(sizes) - 1)]
-            n = sizes[few]
-            w = np.where(hi > lo, (n - lo) / np.maximum(hi - lo, 1), 0.0)
-            between = (1 - w) * self.mean[lo] + w * self.mean[hi]
-            others = np.where(few == 0, self.mean[hi] * n / hi,  # below the others: proportional
-                              np.where(few == len(sizes) - 1, self.mean[lo], between))  # above: flat
-            out[n] = np.minimum(self.mean[n], others)
-        return out
-
-    def _from_sizes_all(self, sizes: np.ndarray, n: np.ndarray, optimistic: bool) -> np.ndarray:
-        """:meth:`_from_sizes` for ``[m] int`` sizes ``n`` at once; ``[m] float64``."""
-        means = self.mean[sizes]
-        out = np.interp(n, sizes, means)  # between measured sizes (np.interp is flat beyond them)
-        below = n < sizes[0]
-        out[below] = means[0] * n[below] / sizes[0]
-        above = n > sizes[-1]
-        if not optimistic:
-            if len(sizes) >= 2:
-                slope = max(0.0, (means[-1] - means[-2]) / (sizes[-1] - sizes[-2]))
-            else:
-                slope = means[-1] / sizes[-1]
-            out[above] = means[-1] + slope * (n[above] - sizes[-1])
-        return out
-
-    def _from_sizes(self, sizes: np.ndarray, n: int, optimistic: bool) -> float:
-        """Estimate of size ``n`` from the measured ``sizes`` (``[m] int``, ascending, without n)."""
-        i = int(np.searchsorted(sizes, n))
-        if i == 0:
-            return float(self.mean[sizes[0]] * n / sizes[0])
-        lo = sizes[i - 1]
-        if i < len(sizes):
-            hi = sizes[i]
-            w = (n - lo) / (hi - lo)
-            return float((1 - w) * self.mean[lo] + w * self.mean[hi])
-        if optimistic:
-            return float(self.mean[lo])
-        if len(sizes) >= 2:
-            lo2 = sizes[-2]
-            slope = max(0.0, (self.mean[lo] - self.mean[lo2]) / (lo - lo2))
-        else:
-            slope = self.mean[lo] / lo
-        return float(self.mean[lo] + slope * (n - lo))
 
 
 class AcceptanceStats:
@@ -274,6 +143,55 @@ class AcceptanceStats:
     def conditional(self, k: int) -> np.ndarray:
         """``[k] float64`` estimates of ``alpha_1..alpha_k``."""
         return (self.accepted[:k] + self.strength * self.pooled()) / (self.reached[:k] + self.strength)
+
+
+class Calibration:
+    """How many of the drafts ``auto`` expected to be accepted were: ``gamma = (accepted + s) / (expected + s)``
+    over a kind's recent proposals (sums decayed by ``decay`` each), ``s = strength`` pseudo-tokens of
+    ``gamma = 1``, clipped to [:data:`CALIBRATION_MIN`, :data:`CALIBRATION_MAX`].
+
+    The acceptance estimates are fair for a random proposal of their kind, but ``auto`` drafts when they are
+    high (a request's few blocks, a long n-gram match) and picks the k whose estimate looks best, so on
+    the drafts it takes the estimates run high (the winner's curse): measured at 8 clients of a multi-turn chat
+    on the default pair, 9+-token n-gram drafts expected 13-14 tokens and got 8-12, single suffix drafts
+    0.7 and got 0.3. Multiplying ``alpha_1`` by ``gamma`` multiplies every term of eq. (1) past the first, so
+    ``E(k) - 1`` is scaled by ``gamma`` exactly: the expected extra tokens of the choices match what such
+    choices earned.
+    """
+
+    def __init__(self, strength: float = 8.0, decay: float = 0.98):
+        self.strength = strength
+        self.decay = decay
+        self.expected = 0.0  # decayed sum of the drafts expected to be accepted, tokens
+        self.accepted = 0.0  # decayed sum of those accepted, tokens
+
+    def observe(self, expected: float, accepted: int) -> None:
+        """One verified proposal: ``expected`` drafts predicted accepted (uncalibrated), ``accepted`` were."""
+        if not expected >= 0:
+            return
+        self.expected = self.decay * self.expected + expected
+        self.accepted = self.decay * self.accepted + accepted
+
+    @property
+    def gamma(self) -> float:
+        """The factor on ``alpha_1`` (and so on ``E(k) - 1``)."""
+        g = (self.accepted + self.strength) / (self.expected + self.strength)
+        return min(max(g, CALIBRATION_MIN), CALIBRATION_MAX)
+
+    def apply(self, accept: np.ndarray) -> np.ndarray:
+        """``[K] float64`` conditional acceptances with ``alpha_1`` scaled by :attr:`gamma` (at most 1)."""
+        if len(accept) == 0:
+            return accept
+        out = np.array(accept, dtype=np.float64)
+        out[0] = min(1.0, out[0] * self.gamma)
+        return out
+
+
+CALIBRATION_MIN = 0.25
+"""Least factor a :class:`Calibration` applies."""
+
+CALIBRATION_MAX = 1.5
+"""Largest factor a :class:`Calibration` applies."""
 
 
 @dataclass(frozen=True)
@@ -341,6 +259,7 @@ class CostModel:
         per catch-up token; each drafter is timed on its own."""
         self.draft_token, self.draft_catchup = self._draft_tables("draft")  # the first drafter's
         self.pool: dict[str, AcceptanceStats] = {}
+        self.calibrations: dict[str, Calibration] = {}  # kind -> what auto's chosen drafts earned vs expected
         self.load = ALONE
         """What shares the call being planned: set by the speculative step before each sequence proposes
         (:func:`specdec.step.speculative_step`), read by ``auto``; :data:`ALONE` outside a step."""
@@ -350,13 +269,18 @@ class CostModel:
         self._curves_version = -1  # the _version they were computed at
         self._limits: dict[bool, int] = {}  # greedy -> size_limit, at _limits_version
         self._limits_version = -1
+        self.shared = {True: SharedCallCost(), False: SharedCallCost()}
+        """Greedy? -> what a draft token adds to a call shared with other sequences (:mod:`specdec.batch_cost`)."""
+        self._priced_extension: dict[bool, float] = {}  # greedy -> beta when the curve last changed
 
     # -- feedback -------------------------------------------------------------------------------
     def observe_step(self, report) -> None:
         """Learn from one :class:`specdec.step.StepReport`: the target call's size (total tokens) and
         seconds, each proposal's draft-model cost, and the acceptance of each pooled kind of proposal."""
         if report.call is not None:
-            self.observe_target(report.call.n_tokens, report.call.seconds, report.call.greedy)
+            c = report.call
+            self.observe_target(c.n_tokens, c.seconds, c.greedy)
+            self.observe_shared(c.n_tokens, c.n_sequences, c.n_prompt, c.seconds, c.greedy)
         for outcome in report.outcomes:
             p = outcome.proposal
             if p.draft_cost is not None:
@@ -364,6 +288,8 @@ class CostModel:
                 self.observe_draft(c.evals, c.catchup, c.seconds, c.drafter)
             if p.kind is not None:  # the main candidate's: a tree's other branches are priced from it
                 self._pool(p.kind).observe(*outcome.main)
+                if not math.isnan(p.expected):
+                    self.calibration(p.kind).observe(p.expected, outcome.main[1])
 
     # -- timings --------------------------------------------------------------------------------
     def observe_target(self, n: int, seconds: float, greedy: bool) -> None:
@@ -378,6 +304,19 @@ class CostModel:
         mean, seen = float(table.mean[n]), self._priced.get((greedy, n))
         if seen is None or table.count[n] <= 3 or abs(mean - seen) > CURVE_TOLERANCE * seen:
             self._priced[(greedy, n)] = mean
+            self._version += 1
+
+    def observe_shared(self, n_tokens: int, n_sequences: int, n_prompt: int, seconds: float, greedy: bool) -> None:
+        """The same call for :attr:`shared` (``n_prompt``: its prompt-chunk tokens). The priced curve is
+        recomputed when the draft tokens' cost ``beta`` first becomes known or moves more than
+        :data:`CURVE_TOLERANCE`."""
+        shared = self.shared[greedy]
+        shared.observe(n_tokens, n_sequences, n_prompt, seconds)
+        beta, seen = shared.extension_seconds(), self._priced_extension.get(greedy, math.nan)
+        if math.isnan(beta):
+            return
+        if math.isnan(seen) or abs(beta - seen) > CURVE_TOLERANCE * max(seen, 1e-6):
+            self._priced_extension[greedy] = beta
             self._version += 1
 
     def _draft_tables(self, drafter: str) -> tuple[TimingTable, TimingTable]:
@@ -429,6 +368,12 @@ class CostModel:
             self.pool[kind] = AcceptanceStats(prior, decay=0.98, strength=4.0)
         return self.pool[kind]
 
+    def calibration(self, kind: str) -> Calibration:
+        """The engine's :class:`Calibration` of ``kind`` (created on first use)."""
+        if kind not in self.calibrations:
+            self.calibrations[kind] = Calibration()
+        return self.calibrations[kind]
+
     def stats(self, kind: str) -> AcceptanceStats:
         """A fresh per-request :class:`AcceptanceStats` for ``kind``, shrunk towards the engine's pool
         (which :meth:`observe_step` feeds)."""
@@ -479,7 +424,7 @@ class CostModel:
         k_max = min(len(accept), max(1, self.size_limit(greedy) - 1 - b))
         ks = np.arange(1, k_max + 1)
         e = expected_tokens(accept[:k_max])[1:]  # [k_max] E(1..k_max)
-        t = prop_seconds(ks) + self.curve(b + k_max + 1, greedy)[b + 2:]  # [k_max] seconds of each step
+        t = prop_seconds(ks) + self.shared_curve(b + k_max + 1, greedy, load)[b + 2:]  # [k_max] seconds a step
         rate = np.where(t <= max_seconds, (e + load.committed) / t, -np.inf)
         i = int(np.argmax(rate))  # the first best, as a loop over k would pick
         if not rate[i] > -np.inf:
@@ -503,6 +448,25 @@ class CostModel:
         if n_max < len(full):
             return full[: n_max + 1]
         return np.concatenate((full, np.full(n_max + 1 - len(full), full[-1])))
+
+    def shared_curve(self, n_max: int, greedy: bool, load: Load = ALONE) -> np.ndarray:
+        """``[n_max+1] float64``: :meth:`curve` for a call that other sequences share (``load``), where
+        each token past the others' ``B`` and this request's first costs at least ``beta``, what a draft
+        token has been measured to add to a shared call (:mod:`specdec.batch_cost`):
+        ``S'(n) = max(S(n), S(B + 1) + beta (n - B - 1))`` for ``n > B + 1``. Alone (or before ``beta`` is
+        known) it is :meth:`curve` itself. A lower bound only raises the price of drafts: the table's
+        ``S(n)`` at those sizes comes mostly from calls of more sequences, not of more drafts."""
+        curve = self.curve(n_max, greedy)
+        base = load.tokens + 1
+        if load.sequences == 0 or base >= n_max:
+            return curve
+        beta = self.shared[greedy].extension_seconds()
+        if math.isnan(beta):  # as step_seconds: the other decoding mode's measurement, if any
+            beta = self.shared[not greedy].extension_seconds()
+        if math.isnan(beta) or math.isnan(curve[base]):
+            return curve
+        floor = curve[base] + beta * np.arange(1, n_max - base + 1)  # [n_max-base] sizes base+1..n_max
+        return np.concatenate((curve[: base + 1], np.maximum(curve[base + 1:], floor)))
 
     def plain(self, greedy: bool, load: Load = ALONE) -> Choice:
         """A plain step: one token in ``S(1)`` seconds alone (NaN before any measurement); in a shared

@@ -53,6 +53,7 @@ class TargetCall:
         n_candidates: KV sequences the call appended to.
         seconds: Wall time of the call plus verification and commit, seconds.
         greedy: True when every sequence in it decodes greedily (selects the cost model's table).
+        n_prompt: Prompt tokens among ``n_tokens`` (chunks of prompts being prefilled, last chunks included).
     """
 
     n_tokens: int
@@ -60,6 +61,7 @@ class TargetCall:
     n_candidates: int
     seconds: float
     greedy: bool
+    n_prompt: int = 0
 
 
 @dataclass
@@ -112,6 +114,7 @@ def speculative_step(target: Backend, seqs: Sequence[SequenceState], cost=None,
     report = StepReport()
     plans: dict[SequenceState, ScorePlan] = {}
     running = [seq for seq in seqs if seq.prefilled]
+    prompt_free = set(running)  # sequences whose plans carry no prompt tokens
     # what each running sequence is expected to add to the call and commit: its last step's
     expected = {seq: (seq.call_tokens, seq.committed_per_call) for seq in running}
     budget = prefill_budget(prefill_chunk, cost, sum(t for t, _ in expected.values()),
@@ -157,7 +160,8 @@ def speculative_step(target: Backend, seqs: Sequence[SequenceState], cost=None,
         report.call = TargetCall(
             n_tokens=sum(p.n_tokens for p in plans.values()), n_sequences=len(plans),
             n_candidates=sum(len(p.caches) for p in plans.values()), seconds=time.perf_counter() - t0,
-            greedy=all(seq.params.greedy for seq in plans))
+            greedy=all(seq.params.greedy for seq in plans),
+            n_prompt=sum(p.n_tokens for seq, p in plans.items() if seq not in prompt_free))
     if cost is not None:
         cost.observe_step(report)
     return report

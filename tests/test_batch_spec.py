@@ -58,6 +58,9 @@ class FrozenCost(CostModel):
     def observe_draft(self, k, catchup, seconds, drafter="draft"):
         pass
 
+    def observe_shared(self, n_tokens, n_sequences, n_prompt, seconds, greedy):
+        pass
+
 
 def copy_context(seed=0):
     """A prompt and a context whose suffix matches it: the n-gram index offers a long copy."""

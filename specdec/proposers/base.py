@@ -77,6 +77,9 @@ class Proposal:
         draft_cost: What drafting cost a draft model, or ``None`` when no model ran.
         confidence: ``[k'] float`` the proposer's estimate of each main-candidate draft's acceptance given
             the earlier ones accepted (suffix decoding: count ratios), or ``()`` when it has none.
+        expected: Drafts of the main candidate the proposer expected to be accepted (``E(k') - 1`` by its
+            acceptance estimates before calibration, :class:`specdec.adaptive.Calibration`), or NaN when it
+            made no such prediction.
     """
 
     tokens: list[int]
@@ -85,6 +88,7 @@ class Proposal:
     kind: str | None = None
     draft_cost: DraftCost | None = None
     confidence: tuple[float, ...] = ()
+    expected: float = math.nan
 
     @property
     def candidates(self) -> tuple[Draft, ...]:

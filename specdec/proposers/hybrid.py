@@ -212,16 +212,39 @@ class HybridProposer:
         word alone can cost a dozen plain steps on a CPU, so k grows only as this text earns it."""
         return self._cap.get(kind, START_K)
 
-    def _accept(self, source: str, order: int, available: int) -> np.ndarray:
+    def _accept(self, source: str, order: int, available: int, calibrated: bool = True) -> np.ndarray:
         """``[min(available, cap)] float64`` conditional acceptance estimates of ``source`` (``"ngram"``,
-        whose kind is ``ngram{order}``, ``"suffix"`` or a drafter's kind), capped by :meth:`cap`."""
-        return self.stats(_kind(source, order)).conditional(min(available, self.cap(source)))
+        whose kind is ``ngram{order}``, ``"suffix"`` or a drafter's kind), capped by :meth:`cap`; with
+        ``calibrated`` (``auto`` in a shared call, :meth:`_shared`), scaled by what the engine's choices of that
+        kind earned (:class:`~specdec.adaptive.Calibration`)."""
+        kind = _kind(source, order)
+        accept = self.stats(kind).conditional(min(available, self.cap(source)))
+        return self.cost.calibration(kind).apply(accept) if calibrated and self._shared() else accept
 
-    def _suffix_accept(self, proposal: Proposal) -> np.ndarray:
+    def _suffix_accept(self, proposal: Proposal, calibrated: bool = True) -> np.ndarray:
         """``[min(k', cap)] float64``: per draft, the smaller of its count confidence and what suffix
-        proposals have earned at that position."""
-        learned = self._accept("suffix", 0, len(proposal.tokens))
-        return np.minimum(learned, np.asarray(proposal.confidence[: len(learned)], dtype=np.float64))
+        proposals have earned at that position (then calibrated, as :meth:`_accept`)."""
+        learned = self._accept("suffix", 0, len(proposal.tokens), calibrated=False)
+        accept = np.minimum(learned, np.asarray(proposal.confidence[: len(learned)], dtype=np.float64))
+        return self.cost.calibration("suffix").apply(accept) if calibrated and self._shared() else accept
+
+    def _shared(self) -> bool:
+        """True when ``auto`` is planning a call shared with other sequences: only there are its estimates
+        calibrated (:class:`~specdec.adaptive.Calibration`). Alone, a draft that disappoints costs this
+        request alone and its own statistics correct it within a few steps (measured: ``auto`` 1.1-1.2x plain
+        alone); in a busy call the gain is a few percent at best and the whole batch pays for the error."""
+        return self.adaptive and self.cost.load.sequences > 0
+
+    def _expected(self, choice: Choice, order: int, suffix: Proposal) -> float:
+        """Drafts of ``choice``'s main candidate expected to be accepted before calibration, ``E(k) - 1``;
+        NaN for a plain step or outside ``auto``."""
+        if not self.adaptive or not choice.k or choice.source is None:
+            return math.nan
+        if choice.source == "suffix":
+            accept = self._suffix_accept(suffix, calibrated=False)[: choice.k]
+        else:
+            accept = self._accept(choice.source, order, choice.k, calibrated=False)
+        return float(expected_tokens(accept)[-1]) - 1.0
 
     def prepare(self, context: Sequence[int]) -> None:
         """Index the prompt (or its next chunk); each draft model is prefilled lazily when it first drafts."""
@@ -248,14 +271,18 @@ class HybridProposer:
         else:
             choice = self._choose_rule(match, order, k, catchup, params.greedy)
         self._log(choice, order, catchup, params.greedy, suffix)
+        expected = self._expected(choice, order, suffix)
         if choice.source == "ngram":
-            return Proposal(tokens=match[: choice.k], kind=f"ngram{order}")
+            return Proposal(tokens=match[: choice.k], kind=f"ngram{order}", expected=expected)
         if choice.source == "suffix":
             return dataclasses.replace(suffix, tokens=suffix.tokens[: choice.k],
                                        confidence=suffix.confidence[: choice.k],
-                                       alternatives=self._branches if choice.tree_tokens else ())
+                                       alternatives=self._branches if choice.tree_tokens else (), expected=expected)
         if choice.source in self.drafts:
-            return self.drafts[choice.source].propose(context, choice.k, params, draws, kind=choice.source)
+            p = self.drafts[choice.source].propose(context, choice.k, params, draws, kind=choice.source)
+            # a draft model may stop early (p_min): what it proposed is what was expected of
+            return dataclasses.replace(p, expected=self._expected(dataclasses.replace(choice, k=len(p.tokens)),
+                                                                  order, suffix)) if p.tokens else p
         return EMPTY_PROPOSAL
 
     # -- the two policies -----------------------------------------------------------------------
@@ -347,7 +374,8 @@ class HybridProposer:
         conf = np.asarray(suffix.confidence[:k], dtype=np.float64)
         reach = np.concatenate(([1.0], np.cumprod(a)))  # [k+1] P(the first i drafts are the target's)
         left = 1.0 - a  # [k] mass at each main-path node not yet covered by a candidate
-        learned = self._accept("suffix", 0, max(len(d.tokens) for d, _ in branches))  # [L] capped (slow start)
+        learned = self._accept("suffix", 0, max(len(d.tokens) for d, _ in branches),  # [L] capped (slow start);
+                               calibrated=False)  # a branch's reach is the calibrated main path's
         cands = []
         for draft, c in branches:
             t = draft.tokens
@@ -359,7 +387,7 @@ class HybridProposer:
             est[0] = c[j] * (a[j] / conf[j] if conf[j] > 0 else 0.0)
             cands.append((j, draft, est))
         limit = cm.size_limit(greedy)
-        curve = cm.curve(limit, greedy)  # [limit+1] optimistic S(n), as best_k prices the chain
+        curve = cm.shared_curve(limit, greedy, load)  # [limit+1] optimistic S(n), as best_k prices the chain
         n = load.tokens + k + 1
         tokens, extra, rate, chosen = chain.tokens, 0, chain.rate, []
         while cands and len(chosen) < n_max:
@@ -413,7 +441,7 @@ class HybridProposer:
         elif choice.source == "suffix" and choice.k:
             tokens = float(expected_tokens(self._suffix_accept(suffix)[: choice.k])[-1])
         elif choice.source is not None and choice.k:
-            tokens = float(expected_tokens(self.stats(_kind(choice.source, order)).conditional(choice.k))[-1])
+            tokens = float(expected_tokens(self._accept(choice.source, order, choice.k))[-1])
         drafter = choice.source if choice.source in self.drafts else None
         prop = cm.draft_seconds(choice.k, catchup[drafter], greedy, drafter=drafter) if drafter else 0.0
         seconds = prop + cm.step_seconds(b + choice.k + 1 + choice.tree_tokens, greedy)

@@ -1,0 +1,143 @@
+"""Online wall time of a target call by its size: the table behind ``S(n)`` of :mod:`specdec.adaptive`
+(and ``P(m)`` of :mod:`specdec.batch_cost`). Numbers only: it knows nothing of models or tokens."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+CALL_N_MAX = 4096
+"""Largest target call, in tokens, whose time the cost model records: decode steps of a whole batch and
+prompt chunks (:mod:`specdec.prefill`); larger calls (a whole long prompt, unchunked) are ignored."""
+
+
+class TimingTable:
+    """Online wall time of one call by its size ``n`` (tokens), ``n = 1..n_max``, in seconds.
+
+    Each size keeps an exponentially weighted mean (weight ``alpha`` for a new sample). Once a size
+    has three samples, a new one is clipped to [0.5x, 2x] of the mean, so a burst of load from another
+    process moves the estimate only a little.
+
+    Args:
+        n_max: Largest size tracked; larger calls (prefills) are ignored.
+        alpha: Weight of a new sample.
+    """
+
+    def __init__(self, n_max: int = CALL_N_MAX, alpha: float = 0.2):
+        self.n_max = n_max
+        self.alpha = alpha
+        self.mean = np.zeros(n_max + 1)  # [n_max+1] float64 seconds; index 0 unused
+        self.count = np.zeros(n_max + 1, dtype=np.int64)
+
+    def observe(self, n: int, seconds: float) -> bool:
+        """Record one call of size ``n`` that took ``seconds``; False when ignored (a size out of range, no
+        time)."""
+        if not 1 <= n <= self.n_max or not seconds > 0:
+            return False
+        if self.count[n] == 0:
+            self.mean[n] = seconds
+        else:
+            if self.count[n] >= 3:
+                seconds = min(max(seconds, 0.5 * self.mean[n]), 2.0 * self.mean[n])
+            self.mean[n] += self.alpha * (seconds - self.mean[n])
+        self.count[n] += 1
+        return True
+
+    @property
+    def measured(self) -> bool:
+        """True once any size has a sample."""
+        return bool(self.count.any())
+
+    def snapshot(self) -> dict:
+        """``{"S": {n: seconds}, "count": {n: samples}}`` of the measured sizes (JSON-ready)."""
+        sizes = [int(n) for n in np.flatnonzero(self.count)]
+        return {"S": {n: float(self.mean[n]) for n in sizes}, "count": {n: int(self.count[n]) for n in sizes}}
+
+    @classmethod
+    def from_snapshot(cls, snap: dict, n_max: int = CALL_N_MAX) -> "TimingTable":
+        """The table a :meth:`snapshot` describes (keys may be strings, as after a JSON round trip)."""
+        table = cls(n_max)
+        for n, seconds in snap["S"].items():
+            table.mean[int(n)], table.count[int(n)] = seconds, snap["count"][n]
+        return table
+
+    def estimate(self, n: int, optimistic: bool = False) -> float:
+        """Seconds for a call of size ``n``; NaN when nothing is measured.
+
+        A measured size returns its mean; between measured sizes, linear interpolation; below the
+        smallest, that size's time scaled by ``n / n_lo``; beyond the largest, with ``optimistic`` its
+        time (a lower bound: a call never gets cheaper with more tokens), otherwise extrapolated with
+        the slope between the two largest measured sizes (or proportionally when only one is known).
+        With ``optimistic``, a size with fewer than 3 samples returns the smaller of its mean and the
+        estimate from the other sizes, so one unlucky first sample does not rule it out for good.
+        """
+        n = min(max(n, 1), self.n_max)
+        if self.count[n] and (self.count[n] >= 3 or not optimistic):
+            return float(self.mean[n])
+        sizes = np.flatnonzero(self.count)
+        if self.count[n]:
+            sizes = sizes[sizes != n]
+            if len(sizes) == 0:
+                return float(self.mean[n])
+            return min(float(self.mean[n]), self._from_sizes(sizes, n, optimistic))
+        if len(sizes) == 0:
+            return math.nan
+        return self._from_sizes(sizes, n, optimistic)
+
+    def curve(self, optimistic: bool = False, upto: int | None = None) -> np.ndarray:
+        """``[upto+1] float64``: :meth:`estimate` of every size ``n = 0..upto`` (default ``n_max``) at once
+        (index 0 and every size when nothing is measured: NaN), for decisions that price many sizes per
+        step; ``upto`` keeps that cheap when the table tracks thousands of sizes (prompt chunks)."""
+        upto = self.n_max if upto is None else min(upto, self.n_max)
+        out = np.full(upto + 1, math.nan)
+        sizes = np.flatnonzero(self.count)
+        if len(sizes) == 0:
+            return out
+        out[1:] = self._from_sizes_all(sizes, np.arange(1, upto + 1), optimistic)
+        inside = sizes[sizes <= upto]
+        out[inside] = self.mean[inside]
+        if optimistic and len(sizes) > 1:  # a size with < 3 samples: the smaller of its mean and its neighbours'
+            few = np.flatnonzero((self.count[sizes] < 3) & (sizes <= upto))  # [f] indices into sizes
+            lo, hi = sizes[np.maximum(few - 1, 0)], sizes[np.minimum(few + 1, len(sizes) - 1)]
+            n = sizes[few]
+            w = np.where(hi > lo, (n - lo) / np.maximum(hi - lo, 1), 0.0)
+            between = (1 - w) * self.mean[lo] + w * self.mean[hi]
+            others = np.where(few == 0, self.mean[hi] * n / hi,  # below the others: proportional
+                              np.where(few == len(sizes) - 1, self.mean[lo], between))  # above: flat
+            out[n] = np.minimum(self.mean[n], others)
+        return out
+
+    def _from_sizes_all(self, sizes: np.ndarray, n: np.ndarray, optimistic: bool) -> np.ndarray:
+        """:meth:`_from_sizes` for ``[m] int`` sizes ``n`` at once; ``[m] float64``."""
+        means = self.mean[sizes]
+        out = np.interp(n, sizes, means)  # between measured sizes (np.interp is flat beyond them)
+        below = n < sizes[0]
+        out[below] = means[0] * n[below] / sizes[0]
+        above = n > sizes[-1]
+        if not optimistic:
+            if len(sizes) >= 2:
+                slope = max(0.0, (means[-1] - means[-2]) / (sizes[-1] - sizes[-2]))
+            else:
+                slope = means[-1] / sizes[-1]
+            out[above] = means[-1] + slope * (n[above] - sizes[-1])
+        return out
+
+    def _from_sizes(self, sizes: np.ndarray, n: int, optimistic: bool) -> float:
+        """Estimate of size ``n`` from the measured ``sizes`` (``[m] int``, ascending, without n)."""
+        i = int(np.searchsorted(sizes, n))
+        if i == 0:
+            return float(self.mean[sizes[0]] * n / sizes[0])
+        lo = sizes[i - 1]
+        if i < len(sizes):
+            hi = sizes[i]
+            w = (n - lo) / (hi - lo)
+            return float((1 - w) * self.mean[lo] + w * self.mean[hi])
+        if optimistic:
+            return float(self.mean[lo])
+        if len(sizes) >= 2:
+            lo2 = sizes[-2]
+            slope = max(0.0, (self.mean[lo] - self.mean[lo2]) / (lo - lo2))
+        else:
+            slope = self.mean[lo] / lo
+        return float(self.mean[lo] + slope * (n - lo))
