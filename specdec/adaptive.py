@@ -52,6 +52,14 @@ cost ``a`` is shared), so beyond some batch no k pays and speculation switches i
 hard-codes as a batch-size threshold (``speculative_disable_by_batch_size``), here derived from the
 measured curve.
 
+Two corrections apply in a shared call only (a lone request's choice is eq. (2) as it stands). (a) The
+table prices a call by its total tokens, but its sizes ``B + k + 1`` are learned mostly from plain calls of
+that many sequences, and a draft token was measured to cost more than another sequence's token: drafts are
+priced at no less than ``beta`` a token, the measured seconds a draft token adds to a shared call
+(:mod:`specdec.batch_cost`, :meth:`CostModel.shared_curve`). (b) The acceptance estimates are scaled by what
+the choices of their kind earned (:class:`Calibration`): choosing the option that looks best makes the chosen
+ones' estimates run high, and a few percent of overrating decides whether a draft in a busy call pays.
+
 This module knows numbers only: no models, tokens or arrays of logits. Nothing writes the cost model but
 :meth:`CostModel.observe_step` (and the step, which sets :attr:`CostModel.load` while a sequence
 proposes); proposers only read it. (Past 300 lines on purpose: the acceptance estimator and the choice
