@@ -160,11 +160,10 @@ class Calibration:
 
     The acceptance estimates are fair for a random proposal of their kind, but ``auto`` drafts when they are
     high (a request's few blocks, a long n-gram match) and picks the k whose estimate looks best, so on
-    the drafts it takes the estimates run high (the winner's curse): measured at 8 clients of a multi-turn chat
-    on the default pair, 9+-token n-gram drafts expected 13-14 tokens and got 8-12, single suffix drafts
-    0.7 and got 0.3. Multiplying ``alpha_1`` by ``gamma`` multiplies every term of eq. (1) past the first, so
-    ``E(k) - 1`` is scaled by ``gamma`` exactly: the expected extra tokens of the choices match what such
-    choices earned.
+    the drafts it takes the estimates run high (the winner's curse; measured in ``docs/bench/README.md``,
+    "Drafts in a busy pass"). Multiplying ``alpha_1`` by ``gamma`` multiplies every term of eq. (1) past the
+    first, so ``E(k) - 1`` is scaled by ``gamma`` exactly: the expected extra tokens of the choices match
+    what such choices earned.
     """
 
     def __init__(self, strength: float = 8.0, decay: float = 0.98):

@@ -1,12 +1,11 @@
-"""What one more token of a sequence costs in a target call shared with other sequences.
+"""What a draft token costs in a target call shared with other sequences.
 
 :class:`specdec.adaptive.CostModel` prices a call by its total tokens, ``S(n)``, whatever the split between
-sequences and drafts. Measured on the default pair (ik_llama.cpp, 2-core CPU, 8 clients of a multi-turn
-chat; ``docs/bench/README.md``, "What a draft token costs in a shared call"), that is not so: a regression of
-the calls' seconds on their sequences and draft tokens gave ~7-10 ms for each sequence's token and ~11-13 ms
-for each draft token, and ``S(n)`` for the sizes drafts land on is learned mostly from calls of ``n``
-sequences (plain steps of a bigger batch), rarely measured and noisy, so that ``S(B + k + 1) - S(B + 1)``
-priced the drafts of a busy batch at ~6-9 ms a token and ``auto`` drafted where it lost (0.92-0.96x plain).
+sequences and drafts. On the default pair on a 2-core CPU that is not so (``docs/bench/README.md``, "Drafts
+in a busy pass"): a draft token added more to a shared call than another sequence's token, and ``S(n)`` for
+the sizes drafts land on is learned mostly from plain calls of ``n`` sequences (a bigger batch), rarely
+measured and noisy, so ``S(B + k + 1) - S(B + 1)`` priced the drafts of a busy batch below their cost and
+``auto`` drafted where it lost.
 
 This module measures the draft tokens' cost itself, from the calls that carry them: with ``P(m)`` the
 mean seconds of a call of ``m`` sequences with one token each (every plain step of a batch measures it) and
@@ -15,7 +14,7 @@ mean seconds of a call of ``m`` sequences with one token each (every plain step 
 (sums decayed by :data:`DECAY` a call). The cost model prices a shared call's drafts at no less than
 ``beta`` a token (:meth:`specdec.adaptive.CostModel.shared_curve`); a lone request's calls are not
 affected (``S(n)`` there is measured at its own sizes). Calls with prompt chunks are left out: chunk tokens
-attend only to their own prompt and cost differently.
+need no logits and come in large runs, so they cost a call differently from drafts.
 
 It knows numbers only: no sequences, models or tokens.
 """
