@@ -3,8 +3,15 @@ the measurement in docs/bench/README.md, "On an AMX machine"; not part of the pa
 every plain step counted whole towards the next probe (the rule before the probe share); `-nowait` after a
 method: new requests never wait for another's prefill of their prompt (the rule before that change).
 Per step it logs the step wall time, the target call, drafted/accepted tokens and probes.
-Run: python3 docs/bench/serving-amx/inprocess.py --workload single --c 8 --rounds 2 --methods none,auto-old,auto"""
-import argparse, json, queue, threading, time, sys, collections
+Run: python3 docs/bench/serving-amx/inprocess.py --workload single --c 8 --rounds 2 --methods none,auto-old,auto
+--diag adds the measurements behind "Drafts in a busy pass" (docs/bench/README.md): per step the backend's
+eval time alone and the tokens in the sequences' contexts (steps-<tag>.json in /tmp/scratch, for the
+regressions there), ik_llama.cpp's compaction time, per (kind, k, batch size) what auto expected of its
+drafts against what they earned, and the shared-call draft cost at the end; a method suffix -nobigN makes
+auto take plain steps in calls of N or more sequences.
+Run: python3 docs/bench/serving-amx/inprocess.py --diag --workload multi-turn --c 8 --rounds 2 --methods none,auto"""
+import numpy as np
+import argparse, json, os, queue, threading, time, sys, collections
 from specdec.api import load_engine
 from specdec.params import SamplingParams, SpecConfig
 from specdec.scheduler import Scheduler
@@ -20,6 +27,7 @@ p.add_argument("--methods", default="none,auto")
 p.add_argument("--rounds", type=int, default=1)
 p.add_argument("--backend", default=None)
 p.add_argument("--out", default=None)
+p.add_argument("--diag", action="store_true")
 a = p.parse_args()
 
 n_ctx = 4096
@@ -30,7 +38,14 @@ sched = Scheduler(engine, max_running=8, max_waiting=64)
 
 LOG = []
 orig = stepmod.speculative_step
+EVAL = [0.0]
 def logged(target, seqs, cost=None, prefill_chunk=None):
+    if not getattr(target, '_timed', False):
+        _ev = target.eval
+        def ev(batch):
+            t = time.perf_counter(); out = _ev(batch); EVAL[0] = time.perf_counter() - t; return out
+        target.eval = ev; target._timed = True
+    EVAL[0] = 0.0
     t0 = time.perf_counter()
     pre = {s: (s.prefilled) for s in seqs}
     rep = orig(target, seqs, cost, prefill_chunk)
@@ -41,7 +56,7 @@ def logged(target, seqs, cost=None, prefill_chunk=None):
     acc = sum(o.accepted for o in rep.outcomes)
     n_dec = len(rep.outcomes)
     n_pre = sum(1 for s in seqs if not pre[s])
-    LOG.append(dict(wall=wall, call_n=rep.call.n_tokens if rep.call else 0, call_s=rep.call.seconds if rep.call else 0,
+    LOG.append(dict(eval_s=EVAL[0], kv=sum(len(x.context) for x in seqs), wall=wall, call_n=rep.call.n_tokens if rep.call else 0, call_s=rep.call.seconds if rep.call else 0,
                     n_dec=n_dec, n_pre=n_pre, drafted=drafted, accepted=acc, dsec=dsec, dcatch=dcatch,
                     kinds=[o.proposal.kind for o in rep.outcomes if o.proposal.tokens]))
     return rep
@@ -68,12 +83,55 @@ SequenceCache.should_wait = lambda self, *a: False if NOWAIT[0] else _orig_wait(
 import specdec.engine as engmod
 engmod.speculative_step = logged
 
+
+import specdec.backends.ik_llama_cpp as ikmod
+COMPACT = [0.0, 0]
+TALLY = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])  # n, predicted committed, realized committed, predicted gain
+NOBIG = [0]
+if a.diag:
+    # ---- diagnostics: compaction time; predicted vs realized per kind / k / batch size
+    _oc = ikmod.IkLlamaCppBackend._compact
+    def _compact(self):
+        if self._holes:
+            t = time.perf_counter(); _oc(self); COMPACT[0] += time.perf_counter() - t; COMPACT[1] += 1
+        else:
+            _oc(self)
+    ikmod.IkLlamaCppBackend._compact = _compact
+    _oca = hyb.HybridProposer._choose_auto
+    def _choose(self, *a, **k):
+        if NOBIG[0] and self.cost.load.sequences + 1 >= NOBIG[0]:
+            self._diag = None
+            return self.cost.plain(a[4], self.cost.load)
+        c = _oca(self, *a, **k)
+        if c.k:
+            plain = self.cost.plain(a[4], self.cost.load)
+            self._diag = (c, self.cost.load.sequences + 1, hyb._gain(c, plain))
+        else:
+            self._diag = None
+        return c
+    hyb.HybridProposer._choose_auto = _choose
+    _oobs = hyb.HybridProposer.observe
+    def _obs(self, outcome):
+        d = getattr(self, "_diag", None)
+        if d is not None and outcome.proposal.kind is not None:
+            c, nseq, gain = d
+            prop, acc = outcome.main
+            kb = "1" if c.k == 1 else "2-4" if c.k <= 4 else "5-8" if c.k <= 8 else "9+"
+            bb = "1" if nseq == 1 else "2-4" if nseq <= 4 else "5+"
+            key = (outcome.proposal.kind, kb, bb, "probe" if c.probe else "")
+            t = TALLY[key]; t[0] += 1; t[1] += c.tokens; t[2] += acc + 1; t[3] += gain
+            self._diag = None
+        _oobs(self, outcome)
+    hyb.HybridProposer.observe = _obs
+
 def run_cell(method, tag):
     jobs = [j.tagged(tag) for j in build_jobs(a.workload, a.jobs)]
     q = queue.Queue()
     for j in jobs: q.put(j)
     OLD[0] = method.endswith("-old")
     NOWAIT[0] = method.endswith("-nowait")
+    NOBIG[0] = int(method.split("-nobig")[1]) if "-nobig" in method else 0
+    method = method.split("-nobig")[0]
     spec = SpecConfig(method=method.removesuffix("-old").removesuffix("-nowait"))
     params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens)
     toks = [0]; ttft = []; lock = threading.Lock()
@@ -92,7 +150,7 @@ def run_cell(method, tag):
                 with lock:
                     toks[0] += len(text); ttft.append(first)
                 msgs.append({"role": "assistant", "content": ''.join(words)})
-    LOG.clear(); PROBES[:] = [0, 0]
+    LOG.clear(); PROBES[:] = [0, 0]; COMPACT[:] = [0.0, 0]; TALLY.clear()
     t0 = time.perf_counter()
     ths = [threading.Thread(target=client) for _ in range(a.c)]
     for t in ths: t.start()
@@ -106,7 +164,14 @@ def run_cell(method, tag):
         if s["n_pre"]: agg["steps_pre"] += 1; agg["wall_pre"] += s["wall"]
         if s["n_pre"] and s["drafted"]: agg["steps_pre_draft"] += 1
     ttft.sort()
-    return dict(method=method, wall=wall, tokens=toks[0], tps=toks[0] / wall, ttft_p50=ttft[len(ttft)//2], steps=len(steps), probes=PROBES[0], probe_tokens=PROBES[1], **agg)
+    if a.diag:
+        for key in sorted(TALLY):
+            n, pe, re_, g = TALLY[key]; print('   ', key, 'n', n, 'pred E %.2f real %.2f gain %.3f' % (pe/n, re_/n, g/n))
+    agg['compact_s'] = COMPACT[0]; agg['compacts'] = COMPACT[1]
+    if a.diag:
+        os.makedirs('/tmp/scratch', exist_ok=True)
+        json.dump(steps, open(f'/tmp/scratch/steps-{tag.strip("[]")}.json', 'w'))
+    return dict(method=tag if a.diag else method, wall=wall, tokens=toks[0], tps=toks[0] / wall, ttft_p50=ttft[len(ttft)//2], steps=len(steps), probes=PROBES[0], probe_tokens=PROBES[1], **agg)
 
 res = []
 for r in range(a.rounds):
@@ -119,3 +184,6 @@ if a.out: json.dump(res, open(a.out, "w"), indent=1)
 snap = engine.cost.target[True].snapshot()
 print("S:", {n: round(s * 1000, 1) for n, s in list(snap["S"].items())[:12]}, "counts", list(snap["count"].items())[:12])
 print("draft:", {k: (v[0].snapshot(), v[1].snapshot()) for k, v in engine.cost.draft_timing.items()})
+sh = engine.cost.shared[True]
+if a.diag:
+    print("beta", sh.extension_seconds(), "sdd", sh._sdd, "P(m)", {int(m): round(float(sh.plain.mean[m])*1000, 1) for m in np.flatnonzero(sh.plain.count)}, {int(m): int(sh.plain.count[m]) for m in np.flatnonzero(sh.plain.count)})
