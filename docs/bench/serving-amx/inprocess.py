@@ -8,7 +8,8 @@ Run: python3 docs/bench/serving-amx/inprocess.py --workload single --c 8 --round
 eval time alone and the tokens in the sequences' contexts (steps-<tag>.json in /tmp/scratch, for the
 regressions there), ik_llama.cpp's compaction time, per (kind, k, batch size) what auto expected of its
 drafts against what they earned, and the shared-call draft cost at the end; a method suffix -nobigN makes
-auto take plain steps in calls of N or more sequences.
+auto take plain steps in calls of N or more sequences; -marginG makes auto draft in a shared call only where
+its predicted gain (hybrid._gain, in the request's own plain tokens a call) is at least G.
 Run: python3 docs/bench/serving-amx/inprocess.py --diag --workload multi-turn --c 8 --rounds 2 --methods none,auto"""
 import numpy as np
 import argparse, json, os, queue, threading, time, sys, collections
@@ -124,6 +125,17 @@ if a.diag:
         _oobs(self, outcome)
     hyb.HybridProposer.observe = _obs
 
+MARGIN = [0.0]
+_ocm = hyb.HybridProposer._choose_auto
+def _choose_margin(self, *args, **kw):
+    c = _ocm(self, *args, **kw)
+    if MARGIN[0] and c.k and not c.probe and self.cost.load.sequences > 0:
+        plain = self.cost.plain(args[4], self.cost.load)
+        if hyb._gain(c, plain) < MARGIN[0]:
+            return plain
+    return c
+hyb.HybridProposer._choose_auto = _choose_margin
+
 def run_cell(method, tag):
     jobs = [j.tagged(tag) for j in build_jobs(a.workload, a.jobs)]
     q = queue.Queue()
@@ -131,7 +143,8 @@ def run_cell(method, tag):
     OLD[0] = method.endswith("-old")
     NOWAIT[0] = method.endswith("-nowait")
     NOBIG[0] = int(method.split("-nobig")[1]) if "-nobig" in method else 0
-    method = method.split("-nobig")[0]
+    MARGIN[0] = float(method.split("-margin")[1]) if "-margin" in method else 0.0
+    method = method.split("-nobig")[0].split("-margin")[0]
     spec = SpecConfig(method=method.removesuffix("-old").removesuffix("-nowait"))
     params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens)
     toks = [0]; ttft = []; lock = threading.Lock()
