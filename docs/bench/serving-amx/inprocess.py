@@ -35,7 +35,8 @@ n_ctx = 4096
 engine = load_engine(spec=SpecConfig(method="auto"), n_ctx=n_ctx, n_seq_max=3 * 8, kv_cells=n_ctx * 8,
                      n_threads=2, progress=False, backend=a.backend)
 engine.enable_prefix_cache(8, 8192 * 4)
-sched = Scheduler(engine, max_running=8, max_waiting=64)
+sched = Scheduler(engine, max_running=8, max_waiting=64,  # CHUNK=n: n prompt tokens a call (0: automatic)
+                  prefill_chunk_tokens=int(os.environ.get("CHUNK", "0")))
 
 LOG = []
 orig = stepmod.speculative_step
