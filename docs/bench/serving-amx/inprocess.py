@@ -101,9 +101,6 @@ if a.diag:
     ikmod.IkLlamaCppBackend._compact = _compact
     _oca = hyb.HybridProposer._choose_auto
     def _choose(self, *a, **k):
-        if NOBIG[0] and self.cost.load.sequences + 1 >= NOBIG[0]:
-            self._diag = None
-            return self.cost.plain(a[4], self.cost.load)
         c = _oca(self, *a, **k)
         if c.k:
             plain = self.cost.plain(a[4], self.cost.load)
@@ -128,16 +125,23 @@ if a.diag:
 
 MARGIN = [0.0]
 _ocm = hyb.HybridProposer._choose_auto
-def _choose_margin(self, *args, **kw):
+def _choose_variant(self, *args, **kw):
+    """-nobigN: a plain step in calls of N+ sequences; -marginG: no shared-call draft gaining under G."""
+    load = self.cost.load
+    if NOBIG[0] and load.sequences + 1 >= NOBIG[0]:
+        self._diag = None
+        return self.cost.plain(args[4], load)
     c = _ocm(self, *args, **kw)
-    if MARGIN[0] and c.k and not c.probe and self.cost.load.sequences > 0:
-        plain = self.cost.plain(args[4], self.cost.load)
+    if MARGIN[0] and c.k and not c.probe and load.sequences > 0:
+        plain = self.cost.plain(args[4], load)
         if hyb._gain(c, plain) < MARGIN[0]:
+            self._diag = None
             return plain
     return c
-hyb.HybridProposer._choose_auto = _choose_margin
+hyb.HybridProposer._choose_auto = _choose_variant
 
 def run_cell(method, tag):
+    label = method
     jobs = [j.tagged(tag) for j in build_jobs(a.workload, a.jobs)]
     q = queue.Queue()
     for j in jobs: q.put(j)
@@ -185,7 +189,7 @@ def run_cell(method, tag):
     if a.diag:
         os.makedirs('/tmp/scratch', exist_ok=True)
         json.dump(steps, open(f'/tmp/scratch/steps-{tag.strip("[]")}.json', 'w'))
-    return dict(method=tag if a.diag else method, wall=wall, tokens=toks[0], tps=toks[0] / wall, ttft_p50=ttft[len(ttft)//2], steps=len(steps), probes=PROBES[0], probe_tokens=PROBES[1], **agg)
+    return dict(method=tag if a.diag else label, wall=wall, tokens=toks[0], tps=toks[0] / wall, ttft_p50=ttft[len(ttft)//2], steps=len(steps), probes=PROBES[0], probe_tokens=PROBES[1], **agg)
 
 res = []
 for r in range(a.rounds):
