@@ -30,13 +30,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 API_TO_CLI = {"chat=False": "--raw", "draft=": "--draft", "method=": "--method ", "n_ctx": "--n-ctx",
               "n_threads": "--threads", "max_running": "--max-concurrency",
-              "num_speculative_tokens": "-k/--num-speculative-tokens"}
+              "num_speculative_tokens": "-k/--num-speculative-tokens",
+              **{name: "--" + name.replace("_", "-") for name in (
+                  "max_tokens", "min_tokens", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                  "frequency_penalty", "logit_bias", "draft_p_min", "suffix_min_prob", "suffix_alternatives")}}
 """The library's errors name its API (parameters, values); the CLI names its own options instead."""
+
+_API_TERM = re.compile("|".join(rf"(?<![\w-]){re.escape(k)}(?![\w-])" if k[-1].isalnum() else rf"(?<![\w-]){re.escape(k)}"
+                                for k in sorted(API_TO_CLI, key=len, reverse=True)))
 
 
 def cli_terms(message: str) -> str:
-    """``message`` with the API terms of :data:`API_TO_CLI` replaced by the command line's options."""
-    return re.sub("|".join(re.escape(k) for k in API_TO_CLI), lambda m: API_TO_CLI[m.group(0)], message)
+    """``message`` with the API terms of :data:`API_TO_CLI` (whole words) replaced by the command line's
+    options, e.g. ``"max_tokens must be an integer >= 1"`` -> ``"--max-tokens must be an integer >= 1"``."""
+    return _API_TERM.sub(lambda m: API_TO_CLI[m.group(0)], message)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
