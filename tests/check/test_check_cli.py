@@ -57,7 +57,7 @@ def test_check_fails_a_lossy_verifier(capsys, models, monkeypatch):
     (["--method", "none"], "speculation"),
     (["--samples", "3"], "--samples"),
     (["--logit-bias", "7:1"], "ID=BIAS"),
-    (["--min-p", "2"], "min_p"),
+    (["--min-p", "2"], "--min-p must"),
 ])
 def test_check_bad_input_one_line(capsys, models, extra, fragment):
     code, _, err = run(capsys, "check", "hi", "--raw", *models[0], *extra)
