@@ -36,8 +36,8 @@ API_TO_CLI = {"chat=False": "--raw", "draft=": "--draft", "method=": "--method "
                   "frequency_penalty", "logit_bias", "draft_p_min", "suffix_min_prob", "suffix_alternatives")}}
 """The library's errors name its API (parameters, values); the CLI names its own options instead."""
 
-_API_TERM = re.compile("|".join(rf"(?<![\w-]){re.escape(k)}(?![\w-])" if k[-1].isalnum() else rf"(?<![\w-]){re.escape(k)}"
-                                for k in sorted(API_TO_CLI, key=len, reverse=True)))
+_API_TERM = re.compile("|".join(  # whole words: no word character or '-' on either side (a trailing '=' is its own end)
+    rf"(?<![\w-]){re.escape(k)}" + (r"(?![\w-])" if k[-1].isalnum() else "") for k in API_TO_CLI))
 
 
 def cli_terms(message: str) -> str:
