@@ -41,7 +41,7 @@ def load_engine(
         backend: ``"llama.cpp"`` (GGUF files, llama-cpp-python), ``"ik_llama.cpp"`` or ``"ik"`` (the same
             GGUF files on ik_llama.cpp's faster CPU kernels; needs ``ik-llama-cpp-python``, installed with
             specdec on Linux x86_64) or ``"hf"`` (transformers/PyTorch: also Hugging Face folders and hub
-            names; needs ``pip install 'specdec[hf]'``); default: :func:`default_backend`.
+            names; needs ``pip install 'specdec-engine[hf]'``); default: :func:`default_backend`.
         device: ``cpu``, ``cuda`` or ``cuda:N`` (``hf`` only; default cpu).
         dtype: ``float32``, ``bfloat16`` or ``float16`` (``hf`` only; default float32).
         kv_cells: KV cells per model shared by all sequences (GGUF backends only; default
@@ -180,10 +180,11 @@ def _backend_loader(backend: str, device: str | None, dtype: str | None, **kwarg
         progress = kwargs.pop("progress")
         return lambda name: cls(resolve_model(name, progress=progress), **kwargs)
     kwargs.pop("n_cells")
-    try:
+    try:  # hf_loading too: it imports transformers, which HFBackend itself only imports when it loads
+        from specdec.backends import hf_loading  # noqa: F401
         from specdec.backends.hf import HFBackend
     except ImportError as e:
-        raise ValueError(f"--backend hf needs torch and transformers ({e}); pip install 'specdec[hf]'") from e
+        raise ValueError(f"--backend hf needs transformers and torch: pip install 'specdec-engine[hf]' ({e})") from e
     return lambda name: HFBackend.load(name, device=device or "cpu", dtype=dtype or "float32", **kwargs)
 
 

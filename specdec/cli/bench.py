@@ -93,7 +93,7 @@ def _bench_hf(args: argparse.Namespace, methods: tuple[str, ...]) -> int:
     try:
         from specdec.bench import hf_peer
     except ImportError as e:  # pragma: no cover - hf_peer imports torch lazily
-        raise ValueError(f"--backend hf needs torch and transformers ({e}); pip install 'specdec[hf]'") from e
+        raise ValueError(f"--backend hf needs transformers and torch: pip install 'specdec-engine[hf]' ({e})") from e
     from specdec.bench.prompts import default_data_dir
 
     if args.per_category < 1 or args.max_tokens < 1:

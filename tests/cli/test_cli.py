@@ -182,3 +182,19 @@ def test_model_names_pair_the_default_draft_with_the_default_target_only():
     assert model_names("my.gguf", "d.gguf", "none") == ("my.gguf", "d.gguf")
     with pytest.raises(ValueError, match="draft="):  # the library names its API; the CLI says --draft
         model_names("my.gguf", None, "draft")
+
+
+@pytest.mark.parametrize("command", ["generate", "serve", "check"])
+def test_hf_backend_without_transformers_is_one_line(capsys, monkeypatch, tiny_target_path, command):
+    import specdec.backends
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if it were not installed
+    for name in ("hf", "hf_loading"):  # imported by earlier tests: import them afresh
+        monkeypatch.delitem(sys.modules, f"specdec.backends.{name}", raising=False)
+        monkeypatch.delattr(specdec.backends, name, raising=False)
+    prompt = [] if command == "serve" else ["hi"]
+    code, _, err = run(capsys, command, *prompt, "--backend", "hf", "--target", str(tiny_target_path),
+                       "--draft", str(tiny_target_path))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("specdec: error: --backend hf needs transformers and torch: "
+                          "pip install 'specdec-engine[hf]'")
