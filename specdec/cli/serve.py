@@ -112,6 +112,8 @@ def check_serve_args(args: argparse.Namespace) -> None:
                              f"got {value}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    if not args.drain_timeout >= 0:  # NaN too
+        raise ValueError(f"--drain-timeout must be 0 or more seconds, got {args.drain_timeout}")
     check_model_args(args)
     if not is_loopback(args.host) and api_key_of(args) is None:
         print(f"specdec: warning: serving on {args.host} without --api-key", file=sys.stderr)

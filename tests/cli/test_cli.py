@@ -198,3 +198,19 @@ def test_hf_backend_without_transformers_is_one_line(capsys, monkeypatch, tiny_t
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert err.startswith("specdec: error: --backend hf needs transformers and torch: "
                           "pip install 'specdec-engine[hf]'")
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--drain-timeout", "-5"], "--drain-timeout must be 0 or more"),
+    (["--drain-timeout", "nan"], "--drain-timeout must be 0 or more"),
+])
+def test_bad_serve_options_one_line(capsys, monkeypatch, tiny_target_path, extra, fragment):
+    import specdec.cli.serve
+
+    def refuse(args):
+        raise AssertionError("the models were loaded despite a bad option")
+
+    monkeypatch.setattr(specdec.cli.serve, "load_server", refuse)
+    code, _, err = run(capsys, "serve", "--target", str(tiny_target_path), "--method", "ngram", *extra)
+    assert code == 2 and fragment in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
