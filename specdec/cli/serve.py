@@ -112,6 +112,8 @@ def check_serve_args(args: argparse.Namespace) -> None:
                              f"got {value}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    if args.api_key is not None and not args.api_key.strip():  # '' would silently turn authentication off
+        raise ValueError("--api-key is empty; give a key, or leave the option out to serve without one")
     if not args.drain_timeout >= 0:  # NaN too
         raise ValueError(f"--drain-timeout must be 0 or more seconds, got {args.drain_timeout}")
     check_model_args(args)

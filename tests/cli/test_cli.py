@@ -203,6 +203,8 @@ def test_hf_backend_without_transformers_is_one_line(capsys, monkeypatch, tiny_t
 @pytest.mark.parametrize("extra, fragment", [
     (["--drain-timeout", "-5"], "--drain-timeout must be 0 or more"),
     (["--drain-timeout", "nan"], "--drain-timeout must be 0 or more"),
+    (["--api-key", ""], "--api-key is empty"),
+    (["--api-key", "  "], "--api-key is empty"),
 ])
 def test_bad_serve_options_one_line(capsys, monkeypatch, tiny_target_path, extra, fragment):
     import specdec.cli.serve
