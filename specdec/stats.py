@@ -118,7 +118,8 @@ class GenerationStats:
         return n / self.decode_seconds if n > 0 and self.decode_seconds > 0 else float("nan")
 
     def as_dict(self) -> dict:
-        """A JSON-ready summary, derived figures included."""
+        """A JSON-ready summary, derived figures included; a figure with nothing to measure (NaN, e.g. the
+        acceptance rate when nothing was drafted) is ``None``, since strict JSON has no NaN."""
         d = dataclasses.asdict(self)
         d.update(
             acceptance_rate=self.acceptance_rate,
@@ -127,4 +128,15 @@ class GenerationStats:
             tokens_per_second=self.tokens_per_second,
             decode_tokens_per_second=self.decode_tokens_per_second,
         )
-        return d
+        return _finite_or_none(d)
+
+
+def _finite_or_none(x):
+    """``x`` (nested dicts and lists) with every non-finite float replaced by ``None``."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite_or_none(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite_or_none(v) for v in x]
+    return x

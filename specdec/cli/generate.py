@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             import json
 
             print(json.dumps({"text": res.text, "token_ids": res.token_ids, "finish_reason": res.finish_reason,
-                              "stats": res.stats.as_dict()}))
+                              "stats": res.stats.as_dict()}, allow_nan=False))
         elif args.show_accepted:
             print_accepted(engine, res)
         else:

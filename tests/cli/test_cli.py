@@ -216,3 +216,13 @@ def test_bad_serve_options_one_line(capsys, monkeypatch, tiny_target_path, extra
     code, _, err = run(capsys, "serve", "--target", str(tiny_target_path), "--method", "ngram", *extra)
     assert code == 2 and fragment in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_json_is_strict_when_nothing_was_drafted(capsys, models):
+    code, out, _ = run(capsys, "generate", "Hello there", "--method", "none", "--json", "--max-tokens", "4", *models)
+
+    def refuse(constant):
+        raise AssertionError(f"{constant} is not JSON")
+
+    stats = json.loads(out, parse_constant=refuse)["stats"]
+    assert code == 0 and stats["proposed"] == 0 and stats["acceptance_rate"] is None
