@@ -72,7 +72,9 @@ class TextPart(_Lenient):
 
 
 class ChatMessage(_Lenient):
-    """One chat message; extra fields (``name``, ``tool_calls``) are accepted and ignored."""
+    """One chat message; extra fields (``name``, ``tool_calls``) are accepted and ignored. ``content`` may be
+    null (or absent) only in an assistant message with ``tool_calls``, as in OpenAI's API (refused with
+    the content's ``param`` when the messages are rendered)."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None

@@ -189,8 +189,11 @@ def tokenize_chat(engine, messages) -> list[int]:
     """Render the messages with the target's chat template and tokenize: control tokens are parsed in the
     template's markup only, never in a message's content (:meth:`Engine.encode_chat`)."""
     rendered = []
-    for m in messages:
+    for i, m in enumerate(messages):
         content = m.content
+        if content is None and not (m.role == "assistant" and (m.model_extra or {}).get("tool_calls")):
+            raise APIError(400, f"messages.{i}.content: a {m.role} message needs content (null only in an "
+                           "assistant message with tool_calls)", param=f"messages.{i}.content")
         if isinstance(content, list):
             if any(p.type != "text" or p.text is None for p in content):
                 raise APIError(400, "only text content parts are supported", param="messages")

@@ -116,6 +116,25 @@ def test_bound_errors_name_the_field(http, field, value):
     assert err["param"] == field, err
 
 
+@pytest.mark.parametrize("messages, index", [
+    ([{"role": "user"}], 0),
+    ([{"role": "user", "content": None}], 0),
+    ([{"role": "system", "content": None}, {"role": "user", "content": "hi"}], 0),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}, {"role": "user", "content": "x"}], 1),
+])
+def test_a_message_without_content_gets_400(http, messages, index):
+    err = assert_openai_error(http.post("/chat/completions", content=json.dumps({"messages": messages}).encode()), 400)
+    assert err["param"] == f"messages.{index}.content" and err["type"] == "invalid_request_error", err
+
+
+def test_an_assistant_message_with_tool_calls_may_have_null_content(http):
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    r = http.post("/chat/completions", content=json.dumps({"messages": messages, "max_tokens": 2}).encode())
+    assert r.status_code == 200, r.text
+
+
 @pytest.mark.parametrize("name", list(BAD))
 def test_bad_request_gets_openai_error(http, name):
     path, body, status = BAD[name]
