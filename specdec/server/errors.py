@@ -50,12 +50,18 @@ def error_response(e: APIError, headers: dict | None = None) -> JSONResponse:
     return JSONResponse(error_body(e.status, e.message, e.param, e.code, e.type), e.status, headers=headers)
 
 
+def _is_union_member(part) -> bool:
+    """Whether ``part`` of an error's location names a member of a union type (pydantic's tags such as
+    ``str`` or ``list[str]``: ``stop`` is ``str | list[str]``), not a field, index or key."""
+    return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool", "bytes", "none"))
+
+
 def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
         return "invalid request", None
     first = errors[0]
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    loc = [str(x) for x in first.get("loc", ()) if x != "body" and not _is_union_member(x)]
     if first.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}", None
     if not loc:

@@ -135,6 +135,15 @@ def test_an_assistant_message_with_tool_calls_may_have_null_content(http):
     assert r.status_code == 200, r.text
 
 
+@pytest.mark.parametrize("body, param", [
+    ({"messages": MSG, "stop": 5}, "stop"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+])
+def test_union_errors_name_the_field_not_the_member(http, body, param):
+    err = assert_openai_error(http.post("/chat/completions", content=json.dumps(body).encode()), 400)
+    assert err["param"] == param and err["message"].startswith(param + ":"), err
+
+
 @pytest.mark.parametrize("name", list(BAD))
 def test_bad_request_gets_openai_error(http, name):
     path, body, status = BAD[name]
