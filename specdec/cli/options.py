@@ -126,7 +126,10 @@ def read_prompt(args: argparse.Namespace) -> str:
         except (OSError, UnicodeDecodeError) as e:
             raise ValueError(f"cannot read prompt file {args.file}: {e}") from None
     if args.prompt == "-":
-        return sys.stdin.read()
+        try:
+            return sys.stdin.read()
+        except UnicodeDecodeError as e:
+            raise ValueError(f"cannot read the prompt from stdin: not UTF-8 text ({e})") from None
     if args.prompt is None:
         raise ValueError("no prompt given: pass PROMPT, '-' for stdin, or --file PATH")
     return args.prompt

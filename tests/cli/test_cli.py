@@ -226,3 +226,12 @@ def test_json_is_strict_when_nothing_was_drafted(capsys, models):
 
     stats = json.loads(out, parse_constant=refuse)["stats"]
     assert code == 0 and stats["proposed"] == 0 and stats["acceptance_rate"] is None
+
+
+def test_stdin_not_utf8_is_one_line(capsys, models, monkeypatch):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"caf\xe9 au lait"), encoding="utf-8"))
+    code, _, err = run(capsys, "generate", "-", "--max-tokens", "4", *models)
+    assert code == 2 and err.startswith("specdec: error: cannot read the prompt from stdin: not UTF-8 text (")
+    assert len(err.strip().splitlines()) == 1
