@@ -89,8 +89,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
         msg = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
-        if exc.status_code == 400 and "parsing the body" in msg:
-            msg = "the request body could not be parsed: it must be UTF-8 encoded JSON"
+        if exc.status_code == 400 and "parsing the body" in msg:  # FastAPI's, raised from json.loads' error
+            if isinstance(exc.__cause__, RecursionError):
+                msg = "the request body is not valid JSON: nesting too deep"
+            else:
+                msg = "the request body could not be parsed: it must be UTF-8 encoded JSON"
         return error_response(APIError(exc.status_code, msg), getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)

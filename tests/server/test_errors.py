@@ -144,6 +144,11 @@ def test_union_errors_name_the_field_not_the_member(http, body, param):
     assert err["param"] == param and err["message"].startswith(param + ":"), err
 
 
+def test_deeply_nested_json_is_invalid_json(http):
+    err = assert_openai_error(http.post("/chat/completions", content=b"[" * 50_000), 400)
+    assert err["message"] == "the request body is not valid JSON: nesting too deep", err
+
+
 @pytest.mark.parametrize("name", list(BAD))
 def test_bad_request_gets_openai_error(http, name):
     path, body, status = BAD[name]
