@@ -32,8 +32,9 @@ API_TO_CLI = {"chat=False": "--raw", "draft=": "--draft", "method=": "--method "
               "n_threads": "--threads", "max_running": "--max-concurrency",
               "num_speculative_tokens": "-k/--num-speculative-tokens",
               **{name: "--" + name.replace("_", "-") for name in (
-                  "max_tokens", "min_tokens", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-                  "frequency_penalty", "logit_bias", "draft_p_min", "suffix_min_prob", "suffix_alternatives")}}
+                  "max_tokens", "min_tokens", "temperature", "seed", "top_k", "top_p", "min_p", "repetition_penalty",
+                  "presence_penalty", "frequency_penalty", "logit_bias", "draft_p_min", "suffix_min_prob",
+                  "suffix_alternatives")}}
 """The library's errors name its API (parameters, values); the CLI names its own options instead."""
 
 _API_TERM = re.compile("|".join(  # whole words: no word character or '-' on either side (a trailing '=' is its own end)
