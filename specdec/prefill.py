@@ -19,11 +19,26 @@ hundreds of tokens at almost no cost to the running requests; on a compute-bound
 and :data:`PREFILL_MIN` keeps the prompt moving at close to its full prefill speed (the per-call overhead
 amortized) at the price of slower decode steps while it lasts.
 
+Which prompts get the budget (:func:`share_budget`): shortest remaining prompt first, the oldest waiting
+prompt always taking up to half. Served oldest first, a short prompt that arrives behind a long one waits
+for the long one's whole prefill (in the serving bench, a 133-token prompt behind a 642-token one: 11.5 s
+to its first token at four clients), and the running requests' tokens that could have ridden along its
+prefill are decoded later in smaller calls. Shortest-first gets short prompts to their first token (and
+into the shared decode calls) within a few calls; the oldest prompt's half keeps a stream of short prompts
+from starving a long one. Measured (the serving bench's eight `single` prompts, closed loop, plain
+decoding, this change against oldest-first alternated in one process, two rounds): the mean time to first
+token 3.7 / 3.5 s against 5.7 / 4.7 at four clients, 6.5 / 6.8 against 12.0 / 13.3 at eight, the same
+total throughput. vLLM's chunked-prefill scheduler does the same thing in its own way: it limits
+how many long prompts may prefill at once (``--max-long-partial-prefills``, prompts above
+``--long-prefill-token-threshold``), so that shorter requests may jump the queue in front of them.
+
 This module knows token counts and the cost model, not sequences or backends: the step asks it for a
-call's budget and spends it on the waiting prompts in admission order.
+call's budget and how to share it among the waiting prompts, and plans their chunks.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import numpy as np
 
@@ -85,3 +100,35 @@ def prefill_budget(chunk_tokens: int | None, cost, decode_tokens: int, greedy: b
     over = np.flatnonzero(s[d + 1:] > PREFILL_STALL * s[d])  # chunks c = over + 1 break the bound
     c = int(over[0]) if len(over) else limit  # the largest chunk before the first that breaks it
     return max(least, c)
+
+
+def share_budget(budget: int | None, lacking: Sequence[int]) -> list[int | None]:
+    """Share one call's prompt budget among the prompts waiting for their first token.
+
+    The oldest prompt takes up to half the budget (all of it when it waits alone); the rest goes to the
+    prompts by what each still lacks, fewest first (the oldest counted with what its half leaves; ties:
+    the older first), each taking all it lacks while the budget lasts. See the module docstring for why.
+
+    Args:
+        budget: The call's prompt tokens, all prompts together (:func:`prefill_budget`); ``None`` = no
+            limit.
+        lacking: ``[n]`` prompt tokens each waiting prompt still has to evaluate, oldest first (each >= 1).
+
+    Returns:
+        ``[n]`` prompt tokens each may evaluate in this call (0: none this call); all ``None`` without a
+        budget.
+    """
+    if budget is None:
+        return [None] * len(lacking)
+    take = [0] * len(lacking)
+    left = budget
+    if len(lacking) > 1:
+        take[0] = min(lacking[0], -(-budget // 2))
+        left -= take[0]
+    for i in sorted(range(len(lacking)), key=lambda i: (lacking[i] - take[i], i)):
+        if left <= 0:
+            break
+        extra = min(lacking[i] - take[i], left)
+        take[i] += extra
+        left -= extra
+    return take

@@ -135,6 +135,16 @@ class SequenceState:
         return self._recent_committed
 
     # -- 0. prefill --------------------------------------------------------------------------------
+    def prompt_lacking(self) -> int | None:
+        """Prompt tokens the next prefill chunks still have to evaluate (after the longest prefix the prefix
+        cache would copy, before the first chunk), for sharing a call's budget
+        (:func:`specdec.prefill.share_budget`); None while waiting to copy a prefix another sequence is
+        prefilling (see :meth:`plan_prefill`). No side effects."""
+        assert not self.prefilled
+        if self.target.should_wait(self.context, 1):
+            return None
+        return self.target.lacking(self.context, 1)
+
     def plan_prefill(self, limit: int | None = None) -> ScorePlan | None:
         """The prompt's next chunk: at most ``limit`` tokens (``None``: all) of what the target cache does
         not hold yet (the prefix cache may have copied a prefix); the last chunk asks for the logits of

@@ -3,9 +3,10 @@
 For a list of running sequences (one request alone, or a scheduler's whole batch):
 
 0. **prefill**: a sequence whose prompt is not evaluated yet adds its next chunk of the prompt to the
-   call, within the call's prefill budget (:mod:`specdec.prefill`; oldest sequence first; whole prompts
-   without a budget); the last chunk's logits give its first token (a plain step). A new sequence whose
-   prompt an older one is still prefilling waits to copy that part (the prefix cache);
+   call, within the call's prefill budget (:mod:`specdec.prefill`: shortest remaining prompt first, the
+   oldest taking up to half; whole prompts without a budget); the last chunk's logits give its first
+   token (a plain step). A new sequence whose prompt an older one is still prefilling waits to copy that
+   part (the prefix cache);
 1. **propose**: each prefilled sequence's proposer drafts ``k`` tokens (one or more candidate
    continuations; none on a plain step), knowing what else shares the call (:class:`~specdec.adaptive.Load`:
    the other sequences' tokens and expected commits, so ``auto`` prices its drafts at their marginal cost);
@@ -35,7 +36,7 @@ import numpy as np
 
 from specdec.adaptive import ALONE, Load
 from specdec.backends.base import Backend
-from specdec.prefill import prefill_budget
+from specdec.prefill import prefill_budget, share_budget
 from specdec.proposers.base import Outcome
 from specdec.sequence import ScorePlan, SequenceState
 from specdec.verify import multi_candidate_verifier
@@ -100,7 +101,8 @@ def speculative_step(target: Backend, seqs: Sequence[SequenceState], cost=None,
 
     Args:
         target: The target model's backend.
-        seqs: The running sequences, oldest first (prompts are prefilled in this order).
+        seqs: The running sequences, oldest first (the oldest waiting prompt is sure of half the prompt
+            budget).
         cost: A :class:`~specdec.adaptive.CostModel` to learn from the report (and to price the prefill
             budget and the proposals' load), or None.
         prefill_chunk: Prompt tokens per call (:func:`specdec.prefill.prefill_budget`): ``None`` = whole
@@ -119,15 +121,23 @@ def speculative_step(target: Backend, seqs: Sequence[SequenceState], cost=None,
     expected = {seq: (seq.call_tokens, seq.committed_per_call) for seq in running}
     budget = prefill_budget(prefill_chunk, cost, sum(t for t, _ in expected.values()),
                             all(seq.params.greedy for seq in seqs))
-    for seq in seqs:  # 0. prefill: the prompts' next chunks, oldest first, within the budget
-        if seq.prefilled or budget == 0:
+    waiting: dict[SequenceState, int] = {}  # what each prompt still lacks; not those that wait to copy one
+    for seq in seqs:
+        if not seq.prefilled:
+            with report.isolate(seq):
+                if (lacking := seq.prompt_lacking()) is not None:
+                    waiting[seq] = lacking
+    spare = 0  # what a prompt left of its share (a prefix copy larger than foreseen), for the next ones
+    for seq, share in zip(waiting, share_budget(budget, list(waiting.values()))):  # 0. prefill: next chunks
+        limit = None if share is None else share + spare
+        if limit == 0:
             continue
         with report.isolate(seq):
-            plan = seq.plan_prefill(budget)
-            if plan is None:  # waits to copy a prompt prefix that an older sequence is prefilling
+            plan = seq.plan_prefill(limit)
+            if plan is None:  # waits to copy a prompt prefix that another sequence is prefilling
                 continue
             plans[seq] = plan
-            budget = None if budget is None else budget - plan.n_tokens
+            spare = 0 if limit is None else limit - plan.n_tokens
     # prompt chunks are work the call does whatever the proposals: drafts are priced against its decode
     # part (a prompt's last chunk counts as one plain decode token, for the first token it commits)
     done = sum(not p.partial for p in plans.values())

@@ -6,6 +6,8 @@ never from wall time."""
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from conftest import GGUF_BACKENDS
 from fake_lm import TableLM
 from server_helpers import LONG, PROMPTS, tiny_engine
@@ -14,7 +16,7 @@ from specdec.adaptive import CostModel
 from specdec.engine import Engine
 from specdec.params import SamplingParams, SpecConfig
 from specdec.prefill import (PREFILL_DEFAULT, PREFILL_IDLE, PREFILL_MAX, PREFILL_MIN, PREFILL_STALL, check_chunk_tokens,
-                             prefill_budget)
+                             prefill_budget, share_budget)
 from specdec.scheduler import Scheduler
 
 CHUNK = 16
@@ -244,23 +246,62 @@ def test_scheduler_prefills_a_joining_prompt_in_chunks(engine, calls):
     assert all(max(c.values()) <= CHUNK and len(c) == 2 for c in carrying), carrying
 
 
-def test_budget_is_spent_oldest_prompt_first():
-    """Two prompts waiting: the older takes the budget first, the newer gets what is left, then follows."""
-    engine = Engine(TableLM(vocab=40, seed=0), spec=SpecConfig(method="none"))
-    a, b = engine.admit(list(range(1, 31))), engine.admit(list(range(2, 17)))
+def test_sharing_the_budget():
+    """The oldest waiting prompt takes up to half, the rest goes shortest-first (ties: the older), and what
+    the short ones leave goes back to the long ones."""
+    assert share_budget(None, [30, 5]) == [None, None]  # whole prompts
+    assert share_budget(20, [30]) == [20]  # alone: all of it
+    assert share_budget(20, [5]) == [5]
+    assert share_budget(32, [642, 133]) == [16, 16]  # a short prompt behind a long one: half each
+    assert share_budget(32, [642, 10]) == [22, 10]  # the short one's leftover goes back to the oldest
+    assert share_budget(32, [100, 100]) == [32, 0]  # equal ones: oldest first, as before
+    assert share_budget(32, [100, 100, 4]) == [28, 0, 4]
+    assert share_budget(33, [10, 500, 20, 3]) == [10, 0, 20, 3]  # short ones all fit
+    assert share_budget(8, [3, 3, 3, 3]) == [3, 3, 2, 0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 600), st.lists(st.integers(1, 700), min_size=1, max_size=8))
+def test_shares_use_the_budget_and_never_starve_the_oldest(budget, lacking):
+    take = share_budget(budget, lacking)
+    assert sum(take) == min(budget, sum(lacking))  # nothing left unused while a prompt lacks tokens
+    assert all(0 <= t <= n for t, n in zip(take, lacking))
+    assert take[0] >= min(lacking[0], -(-budget // 2))  # the oldest is sure of half
+    rest = sorted(range(1, len(lacking)), key=lambda i: (lacking[i], i))  # the others: shortest first
+    for a, b in zip(rest, rest[1:]):
+        assert take[b] == 0 or take[a] == lacking[a], (take, lacking)
+
+
+def test_a_short_prompt_behind_a_long_one_gets_its_first_token_first():
+    """A long prompt is being prefilled when a short one arrives: served oldest first, the short one
+    waited for the whole long prefill; now it takes half the budget and gets its first token within
+    ceil(short / half) calls, while the long one still moves (half the budget, and all the short one
+    leaves) and its first token comes only as many calls later as the short prompt's chunks cost it."""
+    engine = Engine(TableLM(vocab=40, seed=0, n_ctx=512), spec=SpecConfig(method="none"))
+    long_ids, short_ids = [1 + i % 37 for i in range(200)], list(range(2, 26))
+    budget = 20
+    a = engine.admit(long_ids, GREEDY.replace(max_tokens=3))
+    first: dict = {}
     try:
-        report = engine.step([a, b], 20)
-        assert (report.call.n_tokens, report.call.n_sequences, report.outcomes) == (20, 1, [])
-        report = engine.step([a, b], 20)  # a's last 10 tokens, b's first 10
-        assert (report.call.n_tokens, report.call.n_sequences, len(report.outcomes)) == (20, 2, 1)
-        assert a.seq.prefilled and a.seq.n_generated == 1 and not b.seq.prefilled
-        report = engine.step([a, b], 20)
-        assert report.call.n_tokens == 1 + 5 and b.seq.prefilled
-        ref = engine.generate(list(range(1, 31)), GREEDY.replace(max_tokens=2), SpecConfig(method="none"))
-        assert a.output.token_ids == ref.token_ids
+        engine.step([a], budget)  # the long prompt's first chunk, alone
+        b = engine.admit(short_ids, GREEDY.replace(max_tokens=3))
+        for call in range(1, 40):
+            if a.finished and b.finished:
+                break
+            report = engine.step([r for r in (a, b) if not r.finished], budget)
+            assert report.call.n_tokens <= budget + 2
+            for name, r in (("long", a), ("short", b)):
+                if r.seq.prefilled:
+                    first.setdefault(name, call)
+        out = [a.output.token_ids, b.output.token_ids]
     finally:
         a.close()
         b.close()
+    assert first["short"] == math.ceil(len(short_ids) / (budget // 2))  # 3 calls, not 10
+    alone = math.ceil((len(long_ids) - budget) / budget)  # the long one's calls after its first, alone
+    assert alone < first["long"] <= alone + math.ceil(len(short_ids) / budget) + 1
+    assert out == [engine.generate(p, GREEDY.replace(max_tokens=3), SpecConfig(method="none")).token_ids
+                   for p in (long_ids, short_ids)]
 
 
 def test_only_the_uncached_tail_is_chunked(engine, calls):

@@ -65,6 +65,16 @@ class SequenceCache:
                 self._prefix.reused_tokens += n
         return list(tokens[len(self.tokens):])
 
+    def lacking(self, tokens: Sequence[int], n_logits: int) -> int:
+        """How many tokens :meth:`plan` for ``tokens`` would return, without planning: what this cache does
+        not hold of them (an empty cache: after the longest prefix it would copy); no side effects."""
+        assert 1 <= n_logits <= len(tokens), (n_logits, len(tokens))
+        limit = len(tokens) - n_logits
+        held = common_prefix(self.tokens, tokens, min(len(self.tokens), limit))
+        if not held and self._prefix is not None and limit > 0:
+            held = self._prefix.reusable(self, tokens, limit)
+        return len(tokens) - held
+
     def should_wait(self, tokens: Sequence[int], n_logits: int) -> bool:
         """Whether this empty cache should wait before :meth:`plan` for ``tokens``: another sequence is still
         evaluating a longer prefix of them than any donor holds now (requests that share a new system prompt

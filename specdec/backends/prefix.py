@@ -175,6 +175,11 @@ class PrefixCache:
                 self.parked.move_to_end(best.seq_id)
         return best, best_n
 
+    def reusable(self, cache: "SequenceCache", tokens: Sequence[int], limit: int) -> int:
+        """Tokens of ``tokens`` (at most ``limit``) that the new sequence ``cache`` could copy now; no
+        counters, no LRU refresh (:meth:`best` is the lookup that copies)."""
+        return self._longest(cache, tokens, limit)[1]
+
     def _longest(self, cache: "SequenceCache", tokens: Sequence[int],
                  limit: int) -> tuple["SequenceCache | SavedPrefix | None", int]:
         """The donor other than ``cache`` holding the longest prefix of ``tokens`` (at most ``limit``), and
@@ -192,8 +197,8 @@ class PrefixCache:
         """Whether a live sequence is still evaluating a prefix of ``tokens`` (at most ``limit`` of them) at
         least :data:`WAIT_MIN` tokens longer than any donor holds now: the new sequence ``cache`` then waits
         and copies it once evaluated, instead of evaluating the same tokens beside it (requests sharing a new
-        system prompt that arrive together). The one it waits for started first, so it is older and takes
-        the prefill budget first (:func:`specdec.step.speculative_step`): the wait ends."""
+        system prompt that arrive together). The one it waits for has started, and every call's prompt budget
+        goes to the prompts that do not wait (:func:`specdec.prefill.share_budget`): the wait ends."""
         if limit < WAIT_MIN:
             return False
         _, now = self._longest(cache, tokens, limit)
