@@ -126,8 +126,9 @@ def read_prompt(args: argparse.Namespace) -> str:
         except (OSError, UnicodeDecodeError) as e:
             raise ValueError(f"cannot read prompt file {args.file}: {e}") from None
     if args.prompt == "-":
+        buffer = getattr(sys.stdin, "buffer", None)  # the bytes: a C/POSIX locale reads text with surrogateescape
         try:
-            return sys.stdin.read()
+            return buffer.read().decode("utf-8") if buffer is not None else sys.stdin.read()
         except UnicodeDecodeError as e:
             raise ValueError(f"cannot read the prompt from stdin: not UTF-8 text ({e})") from None
     if args.prompt is None:

@@ -67,9 +67,15 @@ def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
     if not loc:
         return "the request body must be a JSON object (send Content-Type: application/json)", None
     param = ".".join(loc)
-    msg = f"{param}: {first.get('msg', 'invalid value')}"
-    if len(errors) > 1:
-        msg += f" (and {len(errors) - 1} more errors)"
+    # a union's members fail at the same place ("stop": 5 is neither a string nor a list): one sentence
+    same = [e for e in errors if [str(x) for x in e.get("loc", ()) if x != "body" and not _is_union_member(x)] == loc]
+    msgs = list(dict.fromkeys(e.get("msg", "invalid value") for e in same))
+    lead = "Input should be "
+    if len(msgs) > 1 and all(m.startswith(lead) for m in msgs):
+        msgs = [msgs[0]] + [m[len(lead):] for m in msgs[1:]]
+    msg = f"{param}: {' or '.join(msgs)}"
+    if (more := len(errors) - len(same)) > 0:
+        msg += f" (and {more} more error{'s' if more > 1 else ''})"
     return msg, param
 
 

@@ -229,10 +229,12 @@ def test_json_is_strict_when_nothing_was_drafted(capsys, models):
     assert code == 0 and stats["proposed"] == 0 and stats["acceptance_rate"] is None
 
 
-def test_stdin_not_utf8_is_one_line(capsys, models, monkeypatch):
+@pytest.mark.parametrize("errors", ["strict", "surrogateescape"])  # a C/POSIX locale reads stdin with the latter
+def test_stdin_not_utf8_is_one_line(capsys, models, monkeypatch, errors):
     import io
 
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"caf\xe9 au lait"), encoding="utf-8"))
+    stdin = io.TextIOWrapper(io.BytesIO(b"caf\xe9 au lait \xff\xfe"), encoding="utf-8", errors=errors)
+    monkeypatch.setattr(sys, "stdin", stdin)
     code, _, err = run(capsys, "generate", "-", "--max-tokens", "4", *models)
     assert code == 2 and err.startswith("specdec: error: cannot read the prompt from stdin: not UTF-8 text (")
     assert len(err.strip().splitlines()) == 1

@@ -142,6 +142,9 @@ def test_an_assistant_message_with_tool_calls_may_have_null_content(http):
 def test_union_errors_name_the_field_not_the_member(http, body, param):
     err = assert_openai_error(http.post("/chat/completions", content=json.dumps(body).encode()), 400)
     assert err["param"] == param and err["message"].startswith(param + ":"), err
+    assert "more error" not in err["message"], err  # the union's members are one sentence, not extra errors
+    if param == "stop":
+        assert err["message"] == "stop: Input should be a valid string or a valid list", err
 
 
 def test_deeply_nested_json_is_invalid_json(http):
