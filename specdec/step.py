@@ -127,17 +127,13 @@ def speculative_step(target: Backend, seqs: Sequence[SequenceState], cost=None,
             with report.isolate(seq):
                 if (lacking := seq.prompt_lacking()) is not None:
                     waiting[seq] = lacking
-    spare = 0  # what a prompt left of its share (a prefix copy larger than foreseen), for the next ones
     for seq, share in zip(waiting, share_budget(budget, list(waiting.values()))):  # 0. prefill: next chunks
-        limit = None if share is None else share + spare
-        if limit == 0:
+        if share == 0:
             continue
         with report.isolate(seq):
-            plan = seq.plan_prefill(limit)
-            if plan is None:  # waits to copy a prompt prefix that another sequence is prefilling
-                continue
-            plans[seq] = plan
-            spare = 0 if limit is None else limit - plan.n_tokens
+            plan = seq.plan_prefill(share)
+            if plan is not None:  # None: waits to copy a prompt prefix that another sequence is prefilling
+                plans[seq] = plan
     # prompt chunks are work the call does whatever the proposals: drafts are priced against its decode
     # part (a prompt's last chunk counts as one plain decode token, for the first token it commits)
     done = sum(not p.partial for p in plans.values())

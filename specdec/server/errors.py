@@ -56,19 +56,24 @@ def _is_union_member(part) -> bool:
     return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool", "bytes", "none"))
 
 
+def _field_loc(error: dict) -> list[str]:
+    """Where a pydantic error is, as field names and indices: no ``body`` root, no union-member tags."""
+    return [str(x) for x in error.get("loc", ()) if x != "body" and not _is_union_member(x)]
+
+
 def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
         return "invalid request", None
     first = errors[0]
-    loc = [str(x) for x in first.get("loc", ()) if x != "body" and not _is_union_member(x)]
+    loc = _field_loc(first)
     if first.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}", None
     if not loc:
         return "the request body must be a JSON object (send Content-Type: application/json)", None
     param = ".".join(loc)
     # a union's members fail at the same place ("stop": 5 is neither a string nor a list): one sentence
-    same = [e for e in errors if [str(x) for x in e.get("loc", ()) if x != "body" and not _is_union_member(x)] == loc]
+    same = [e for e in errors if _field_loc(e) == loc]
     msgs = list(dict.fromkeys(e.get("msg", "invalid value") for e in same))
     lead = "Input should be "
     if len(msgs) > 1 and all(m.startswith(lead) for m in msgs):
