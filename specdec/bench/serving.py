@@ -5,7 +5,8 @@ with the ``speculative`` extension, so every method runs on the very same server
 server, ``-np N`` slots, its prompt cache on) and ``llama-server:draft`` (the same with the draft model),
 or ``url`` (``--url``, any OpenAI-compatible server already running). Every server is started before the
 first cell and idles while another is measured; cells run interleaved (each round visits every workload,
-level and system, systems in an order rotated per cell), so machine noise hits all alike.
+level and system, systems in an order rotated per cell and per round, :func:`visit_order`), so machine noise
+and what one system leaves behind for the next hit all alike.
 
 Workloads (:mod:`specdec.bench.workloads`): ``single`` (independent one-turn chats), ``multi-turn`` (each
 turn resends the conversation), ``shared-prefix`` (one long system prompt, different questions). Every
@@ -208,6 +209,16 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def visit_order(systems: list, place: int, rnd: int) -> list:
+    """The order in which the systems run cell ``place`` (its index within a round) of round ``rnd``: rotated
+    by ``place + rnd``, so consecutive cells start with different systems and, over ``len(systems)`` rounds,
+    every system runs every cell in every position once (a system that runs right after another inherits
+    what it left: a warm or a crowded machine). Rotating by the cell's index across all rounds repeated the
+    same orders every round whenever a round's cell count was a multiple of the number of systems."""
+    shift = (place + rnd) % len(systems)
+    return systems[shift:] + systems[:shift]
+
+
 def start_systems(args, levels: list[int], logs: Path) -> tuple[list[System], list]:
     """Start the servers that ``--systems`` names; returns the systems and the processes to close."""
     from specdec.bench.peer import LlamaServer, ServerProcess, find_llama_server
@@ -307,25 +318,23 @@ def main(argv: list[str] | None = None) -> int:
         warm = [Job(None, ("Say hello.",))]
         for system in systems:  # warm-up: page in the weights
             await closed_loop(system, warm, 1, "warm-up", 8)
-        cell = 0
+        cells = [(w, m) for w in workloads for m in [("c", c) for c in levels] + [("rate", r) for r in rates]]
         for rnd in range(args.rounds):
-            for workload in workloads:
-                for mode in [("c", c) for c in levels] + [("rate", r) for r in rates]:
-                    order = systems[cell % len(systems):] + systems[: cell % len(systems)]
-                    for system in order:
-                        # tagged per cell AND system: specdec's methods share one server process, whose
-                        # prefix cache would otherwise serve the second method the first one's prompts
-                        tagged = [job.tagged(f"[{rnd}.{cell}.{systems.index(system)}]") for job in jobs[workload]]
-                        if mode[0] == "c":
-                            s, wall = await closed_loop(system, tagged, mode[1], workload, args.max_tokens)
-                        else:
-                            s, wall = await open_loop(system, tagged, mode[1], workload, args.max_tokens, cell)
-                        samples += s
-                        key = (workload, s[0].mode, system.name)
-                        walls[key] = walls.get(key, 0.0) + wall
-                        print(f"round {rnd + 1} {workload} {s[0].mode} {system.name}: "
-                              f"{sum(x.tokens for x in s) / wall:.1f} tok/s", file=sys.stderr, flush=True)
-                    cell += 1
+            for place, (workload, mode) in enumerate(cells):
+                cell = rnd * len(cells) + place
+                for system in visit_order(systems, place, rnd):
+                    # tagged per cell AND system: specdec's methods share one server process, whose
+                    # prefix cache would otherwise serve the second method the first one's prompts
+                    tagged = [job.tagged(f"[{rnd}.{cell}.{systems.index(system)}]") for job in jobs[workload]]
+                    if mode[0] == "c":
+                        s, wall = await closed_loop(system, tagged, mode[1], workload, args.max_tokens)
+                    else:
+                        s, wall = await open_loop(system, tagged, mode[1], workload, args.max_tokens, cell)
+                    samples += s
+                    key = (workload, s[0].mode, system.name)
+                    walls[key] = walls.get(key, 0.0) + wall
+                    print(f"round {rnd + 1} {workload} {s[0].mode} {system.name}: "
+                          f"{sum(x.tokens for x in s) / wall:.1f} tok/s", file=sys.stderr, flush=True)
             if rnd + 1 < args.rounds:  # a long run keeps what it measured so far
                 report(samples, walls, rnd + 1)
         return samples, walls

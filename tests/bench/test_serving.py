@@ -83,3 +83,16 @@ def test_a_long_run_writes_its_tables_after_every_round(live, tmp_path, monkeypa
     assert rc == 0 and written == [2, 4]  # after round 1 (partial), then the whole run
     data = json.loads((tmp_path / "serving.json").read_text())
     assert data["rounds_done"] == 2 and "2 round(s)" in (tmp_path / "serving.md").read_text()
+
+
+@pytest.mark.parametrize("n_systems, cells_per_round", [(3, 12), (3, 4), (2, 4), (2, 3), (1, 5)])
+def test_every_system_runs_every_cell_in_every_position_over_as_many_rounds(n_systems, cells_per_round):
+    systems = [f"s{i}" for i in range(n_systems)]
+    for place in range(cells_per_round):
+        orders = [serving.visit_order(systems, place, rnd) for rnd in range(n_systems)]
+        assert all(sorted(o) == systems for o in orders)  # each round runs every system once
+        for position in range(n_systems):  # and each system takes this position in one of the rounds
+            assert sorted(o[position] for o in orders) == systems
+    if n_systems > 1:  # consecutive cells of a round start with different systems
+        firsts = [serving.visit_order(systems, place, 0)[0] for place in range(cells_per_round)]
+        assert all(a != b for a, b in zip(firsts, firsts[1:]))
