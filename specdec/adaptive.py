@@ -279,6 +279,8 @@ class CostModel:
         self.shared = {True: SharedCallCost(), False: SharedCallCost()}
         """Greedy? -> what a draft token adds to a call shared with other sequences (:mod:`specdec.batch_cost`)."""
         self._priced_extension: dict[bool, float] = {}  # greedy -> beta when the curve last changed
+        self._reach: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # (greedy, B, shared?) -> reach_thresholds'
+        self._reach_version = -1  # ... curve and sizes, at this _version
 
     # -- feedback -------------------------------------------------------------------------------
     def observe_step(self, report) -> None:
@@ -474,6 +476,30 @@ class CostModel:
             return curve
         floor = curve[base] + beta * np.arange(1, n_max - base + 1)  # [n_max-base] sizes base+1..n_max
         return np.concatenate((curve[: base + 1], np.maximum(curve[base + 1:], floor)))
+
+    def reach_thresholds(self, greedy: bool, plain: Choice, load: Load = ALONE) -> np.ndarray:
+        """``[x_max] float64``: entry ``x - 1`` is the largest acceptance ``p`` of every scored draft at which no
+        option scoring at most ``x`` more tokens, priced on :meth:`shared_curve`, beats ``plain``. Such an
+        option commits at most ``1 + x' p`` of this request's tokens in at least ``C(B + 1 + x')`` seconds
+        (``x' <= x``), so by eq. (3) it wins only if ``p > min_{x' <= x} ((1 + Y) C(B + 1 + x') / T0 - 1 - Y) / x'``
+        (``T0 = plain.seconds``); ``x_max`` is the most a call may add (:meth:`size_limit`). Used by ``auto``
+        to skip pricing a step that must be plain
+        (:meth:`specdec.proposers.hybrid.HybridProposer._out_of_reach`).
+
+        Returns:
+            The thresholds, non-increasing in ``x`` (probabilities; negative where a free draft would pay,
+            above 1 where none can); NaN when ``plain.seconds`` is unknown.
+        """
+        b = load.tokens
+        if self._reach_version != self._version:
+            self._reach, self._reach_version = {}, self._version
+        key = (greedy, b, load.sequences > 0)
+        if key not in self._reach:  # a few B's a step in a batch (the other sequences' tokens)
+            x_max = max(1, self.size_limit(greedy) - 1 - b)
+            self._reach[key] = (self.shared_curve(b + 1 + x_max, greedy, load)[b + 2:], np.arange(1, x_max + 1))
+        curve, x = self._reach[key]  # [x_max] C(B + 1 + x) seconds, [x_max] x
+        y = load.committed
+        return np.minimum.accumulate(((1 + y) * curve / plain.seconds - 1 - y) / x)
 
     def plain(self, greedy: bool, load: Load = ALONE) -> Choice:
         """A plain step: one token in ``S(1)`` seconds alone (NaN before any measurement); in a shared

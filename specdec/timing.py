@@ -29,6 +29,7 @@ class TimingTable:
         self.alpha = alpha
         self.mean = np.zeros(n_max + 1)  # [n_max+1] float64 seconds; index 0 unused
         self.count = np.zeros(n_max + 1, dtype=np.int64)
+        self._measured = False  # any count > 0 (asked several times a step: a 4,096-entry scan each time)
 
     def observe(self, n: int, seconds: float) -> bool:
         """Record one call of size ``n`` that took ``seconds``; False when ignored (a size out of range, no
@@ -42,12 +43,13 @@ class TimingTable:
                 seconds = min(max(seconds, 0.5 * self.mean[n]), 2.0 * self.mean[n])
             self.mean[n] += self.alpha * (seconds - self.mean[n])
         self.count[n] += 1
+        self._measured = True
         return True
 
     @property
     def measured(self) -> bool:
         """True once any size has a sample."""
-        return bool(self.count.any())
+        return self._measured or bool(self.count.any())  # (count may be written directly: from_snapshot, tests)
 
     def snapshot(self) -> dict:
         """``{"S": {n: seconds}, "count": {n: samples}}`` of the measured sizes (JSON-ready)."""

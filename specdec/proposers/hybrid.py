@@ -303,31 +303,85 @@ class HybridProposer:
         plain = cm.plain(greedy, load)
         if math.isnan(plain.seconds):  # measure S(1) first
             return plain
-        options: list[Choice] = []
-        if match:
-            c = cm.best_k(self._accept("ngram", order, len(match)), lambda j: 0.0, greedy, load=load)
-            if c is not None:
-                options.append(dataclasses.replace(c, source="ngram"))
-        if suffix.tokens:
-            c = cm.best_k(self._suffix_accept(suffix), lambda j: 0.0, greedy, load=load)
-            if c is not None:
-                options.append(dataclasses.replace(c, source="suffix"))
-        for kind in self.drafts:  # each drafter is an option of its own, timed and scored on its own
-            cost = lambda j, kind=kind: cm.draft_seconds(j, catchup[kind], greedy, drafter=kind)  # noqa: E731
-            if not self._could_pay(kind, cost, catchup[kind], k, greedy, plain):
-                continue  # (the usual verdict on a CPU: then its acceptance need not be priced at all)
-            c = cm.best_k(self._accept(kind, order, k), cost, greedy, load=load)
-            if c is not None:
-                options.append(dataclasses.replace(c, source=kind))
-        best = max(options, key=lambda c: c.rate, default=None)
-        if best is not None and best.source == "suffix":
-            best = self._tree(best, suffix, greedy)
+        share = 1.0 / (1 + load.sequences)  # of a plain step, towards the next probe
+        if self._out_of_reach(match, order, k, suffix, list(self.drafts), greedy, plain):
+            # no option can beat a plain step: price them only when a probe wants the best of them (a probe is
+            # counted only when there is an option, as below)
+            if not (match or suffix.tokens or self._drafters(catchup, k, greedy, plain)):
+                return plain
+            if not self.probe.should_probe(share):
+                return plain
+            best = self._best(match, order, k, catchup, greedy, suffix, self._drafters(catchup, k, greedy, plain))
+            return (best is not None and self._probe(best, match, order, k, catchup, greedy, plain, suffix)) or plain
+        best = self._best(match, order, k, catchup, greedy, suffix, self._drafters(catchup, k, greedy, plain))
         if best is not None and best.rate > plain.rate:
             self.probe.speculating()
             return best
-        if best is not None and self.probe.should_probe(1.0 / (1 + load.sequences)):
+        if best is not None and self.probe.should_probe(share):
             return self._probe(best, match, order, k, catchup, greedy, plain, suffix) or plain
         return plain
+
+    def _drafters(self, catchup: dict[str, int], k: int, greedy: bool, plain: Choice) -> list[str]:
+        """The drafters worth pricing: those that could pay with every draft accepted (:meth:`_could_pay`; that
+        none can is the usual verdict on a CPU)."""
+        return [kind for kind in self.drafts
+                if self._could_pay(kind, self._draft_cost(kind, catchup, greedy), catchup[kind], k, greedy, plain)]
+
+    def _draft_cost(self, kind: str, catchup: dict[str, int], greedy: bool):
+        """``k -> D(k)`` seconds of drafter ``kind`` with its catch-up (:meth:`CostModel.draft_seconds`)."""
+        return lambda j: self.cost.draft_seconds(j, catchup[kind], greedy, drafter=kind)
+
+    def _best(self, match: list[int], order: int, k: int, catchup: dict[str, int], greedy: bool,
+              suffix: Proposal, drafters: list[str]) -> Choice:
+        """The option of highest rate, eq. (3): n-gram, suffix (a token tree when it pays, :meth:`_tree`), each
+        drafter in ``drafters``, each with its best k; None when none has anything to offer (or ``S(1)`` is unknown)."""
+        cm, load = self.cost, self.cost.load
+        priced = []
+        if match:
+            priced.append(("ngram", cm.best_k(self._accept("ngram", order, len(match)), lambda j: 0.0, greedy, load=load)))
+        if suffix.tokens:
+            priced.append(("suffix", cm.best_k(self._suffix_accept(suffix), lambda j: 0.0, greedy, load=load)))
+        for kind in drafters:  # each drafter is an option of its own, timed and scored on its own
+            c = cm.best_k(self._accept(kind, order, k), self._draft_cost(kind, catchup, greedy), greedy, load=load)
+            priced.append((kind, c))
+        options = [dataclasses.replace(c, source=source) for source, c in priced if c is not None]
+        best = max(options, key=lambda c: c.rate, default=None)
+        return self._tree(best, suffix, greedy) if best is not None and best.source == "suffix" else best
+
+    def _out_of_reach(self, match: list[int], order: int, k: int, suffix: Proposal, drafters: list[str],
+                      greedy: bool, plain: Choice) -> bool:
+        """True when no option of this step can beat ``plain``, by a bound on eq. (3) that costs a few
+        comparisons instead of pricing every source (the common case of a plain step, and the whole cost of
+        ``auto`` over plain decoding when it does not speculate).
+
+        The bound (:meth:`CostModel.reach_thresholds`): an option scoring ``x`` more tokens commits at most
+        ``1 + x p`` tokens when each of its scored drafts is accepted with probability at most ``p``. For a
+        chain ``p`` is its first-position estimate ``alpha_1`` (the probability of reaching any later draft is
+        a product that contains it) and ``x`` at most its drafts (the source's tokens, ``k`` and the slow-start
+        cap: the length of the estimates :meth:`_accept` gives). A suffix path's token tree (:meth:`_tree`) adds
+        at most :attr:`tree` branches of at most the slow-start cap's drafts, each scored with its root; their
+        first nodes off the main path's first draft have
+        at most ``min(alpha_1 / c_1, 1 - alpha_1)`` (a branch's count ratio, at most 1, scaled as :meth:`_tree`
+        scales it, within the mass the main token leaves), and every later node at most ``alpha_1``."""
+        cm, load = self.cost, self.cost.load
+        thresholds = cm.reach_thresholds(greedy, plain, load)  # [x_max] by the most scored tokens an option adds
+
+        def beyond(accept: np.ndarray, p: float | None = None, x: int | None = None) -> bool:
+            x = len(accept) if x is None else x
+            return (accept[0] if p is None else p) <= thresholds[min(x, len(thresholds)) - 1]
+
+        if match and not beyond(self._accept("ngram", order, len(match))):
+            return False
+        if suffix.tokens:
+            accept = self._suffix_accept(suffix)
+            if (n_max := min(self.tree, self._free_sequences())) > 0 and self.suffix is not None:
+                a, c = float(accept[0]), suffix.confidence[0]
+                x = len(accept) + n_max * (self.cap("suffix") + 1)  # the chain + each branch's drafts and root
+                if not beyond(accept, max(a, min(a / c if c > 0 else 0.0, 1.0 - a)), x):
+                    return False
+            elif not beyond(accept):
+                return False
+        return all(beyond(self._accept(kind, order, k)) for kind in drafters)
 
     def _could_pay(self, kind: str, cost, catchup: int, k: int, greedy: bool, plain: Choice) -> bool:
         """Whether drafter ``kind`` could beat plain decoding by :data:`DRAFT_MARGIN` with every draft
