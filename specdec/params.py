@@ -166,7 +166,7 @@ class SamplingParams:
         if self.seed is not None:
             seed = _number("seed", self.seed, integer=True)
             if not 0 <= seed < 2**64:
-                raise ValueError(f"seed must be an integer in 0..2**64-1 or None, got {seed}")
+                raise ValueError(f"seed must be an integer in 0..2**64-1, got {seed}")
             object.__setattr__(self, "seed", seed)
         try:
             bias = {int(t) if isinstance(t, str) else _number("logit_bias token id", t, integer=True):  # JSON keys

@@ -14,7 +14,8 @@ further one (:func:`~specdec.proposers.base.drafter_kinds`).
   scored on its own) of highest predicted tokens per second, with probes after runs of plain steps
   (:class:`ProbeSchedule`; a probe tries the best option, whichever drafter it is). In a call shared
   with other sequences the rate is the call's (eq. (3) of :mod:`specdec.adaptive`): drafts are priced
-  by their marginal cost there, so speculation turns itself off under load where it does not pay.
+  by their marginal cost there, so speculation turns itself off under load where it does not pay. A step
+  whose sources cannot win even by a bound (:meth:`HybridProposer._out_of_reach`) is plain without pricing them.
   Suffix decoding (:mod:`specdec.proposers.suffix`) comes with a confidence per draft (count ratios); its
   acceptance estimate at position ``j`` is the smaller of that confidence and what suffix proposals have
   earned there (kind ``suffix``), so counts that show a split lower the estimate, and counts alone never
@@ -332,9 +333,9 @@ class HybridProposer:
         return lambda j: self.cost.draft_seconds(j, catchup[kind], greedy, drafter=kind)
 
     def _best(self, match: list[int], order: int, k: int, catchup: dict[str, int], greedy: bool,
-              suffix: Proposal, drafters: list[str]) -> Choice:
+              suffix: Proposal, drafters: list[str]) -> Choice | None:
         """The option of highest rate, eq. (3): n-gram, suffix (a token tree when it pays, :meth:`_tree`), each
-        drafter in ``drafters``, each with its best k; None when none has anything to offer (or ``S(1)`` is unknown)."""
+        drafter in ``drafters``, each with its best k; None when none has anything to offer."""
         cm, load = self.cost, self.cost.load
         priced = []
         if match:
@@ -359,10 +360,10 @@ class HybridProposer:
         chain ``p`` is its first-position estimate ``alpha_1`` (the probability of reaching any later draft is
         a product that contains it) and ``x`` at most its drafts (the source's tokens, ``k`` and the slow-start
         cap: the length of the estimates :meth:`_accept` gives). A suffix path's token tree (:meth:`_tree`) adds
-        at most :attr:`tree` branches of at most the slow-start cap's drafts, each scored with its root; their
-        first nodes off the main path's first draft have
-        at most ``min(alpha_1 / c_1, 1 - alpha_1)`` (a branch's count ratio, at most 1, scaled as :meth:`_tree`
-        scales it, within the mass the main token leaves), and every later node at most ``alpha_1``."""
+        at most :attr:`tree` branches of at most the slow-start cap's drafts, each scored with its root; a
+        branch off the main path's first draft starts with at most ``min(alpha_1 / c_1, 1 - alpha_1)`` (its
+        count ratio, at most 1, scaled as :meth:`_tree` scales it, within the mass the main token leaves), and
+        every other node has at most ``alpha_1``. Exact: it never changes a choice (tests/test_out_of_reach.py)."""
         cm, load = self.cost, self.cost.load
         thresholds = cm.reach_thresholds(greedy, plain, load)  # [x_max] by the most scored tokens an option adds
 
