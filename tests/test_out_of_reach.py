@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 from test_adaptive import GREEDY, FrozenCost, copy_text, cpu_seconds
-from test_tree_policy import flat_seconds, linear_seconds, split_text
+from test_tree_policy import accepted_path, flat_seconds, linear_seconds, split_text
 
 from specdec.adaptive import Load
 from specdec.proposers import HybridProposer, Outcome, Proposal, SuffixProposer
@@ -79,14 +79,7 @@ def decode(p, cost, text, prompt_len, loads, check):
         cost.load = Load()
         check(step, p, proposal)
         truth = text[len(context):]
-        best = (0, 0)
-        for j, cand in enumerate(proposal.candidates):
-            a = 0
-            while a < len(cand.tokens) and cand.tokens[a] == truth[a]:
-                a += 1
-            if a > best[1]:
-                best = (j, a)
-        j, a = best
+        j, a = accepted_path(proposal, truth)
         context += truth[: a + 1]
         if not proposal.empty:
             outcome = Outcome(proposal, j, len(proposal.candidates[j].tokens), a, len(context))
