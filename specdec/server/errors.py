@@ -61,7 +61,9 @@ def _field_loc(error: dict) -> list[str]:
     return [str(x) for x in error.get("loc", ()) if x != "body" and not _is_union_member(x)]
 
 
-def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
+def _describe_validation(exc: RequestValidationError, json_sent: bool = False) -> tuple[str, str | None]:
+    """``(message, param)`` of a request that failed validation; ``json_sent``: the request said its body is
+    JSON (then a body that is no object is not a missing Content-Type)."""
     errors = exc.errors()
     if not errors:
         return "invalid request", None
@@ -70,7 +72,8 @@ def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
     if first.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}", None
     if not loc:
-        return "the request body must be a JSON object (send Content-Type: application/json)", None
+        hint = "" if json_sent else " (send Content-Type: application/json)"
+        return f"the request body must be a JSON object{hint}", None
     param = ".".join(loc)
     # a union's members fail at the same place ("stop": 5 is neither a string nor a list): one sentence
     same = [e for e in errors if _field_loc(e) == loc]
@@ -94,7 +97,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
-        msg, param = _describe_validation(exc)
+        msg, param = _describe_validation(exc, "json" in request.headers.get("content-type", "").lower())
         return error_response(APIError(400, msg, param))
 
     @app.exception_handler(StarletteHTTPException)

@@ -273,3 +273,12 @@ def test_fuzz_completions_never_5xx(http, body):
 def test_no_sequences_leaked_after_fuzzing(server, engine, http):
     wait_until(lambda: not engine.target.busy_sequences and not engine.draft.busy_sequences, what="sequences freed")
     assert server.metric("specdec_requests_total", finish_reason="error") == 0
+
+
+@pytest.mark.parametrize("ctype, hint", [("application/json", False), ("text/plain", True)])
+def test_a_body_that_is_no_object_asks_for_the_json_header_only_when_it_was_not_sent(server, ctype, hint):
+    with httpx.Client(base_url=server.url, timeout=120, headers={"content-type": ctype}) as c:
+        for body in (b"", b"[1, 2]"):
+            err = assert_openai_error(c.post("/chat/completions", content=body), 400)
+            assert err["message"].startswith("the request body must be a JSON object"), err
+            assert ("Content-Type" in err["message"]) is hint, err
