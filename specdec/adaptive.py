@@ -279,8 +279,8 @@ class CostModel:
         self.shared = {True: SharedCallCost(), False: SharedCallCost()}
         """Greedy? -> what a draft token adds to a call shared with other sequences (:mod:`specdec.batch_cost`)."""
         self._priced_extension: dict[bool, float] = {}  # greedy -> beta when the curve last changed
-        self._reach: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # (greedy, B, shared?) -> reach_thresholds'
-        self._reach_version = -1  # ... curve and sizes, at this _version
+        self._reach: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # (greedy, B, shared?) -> (C(B+1+x), x)
+        self._reach_version = -1  # the _version _reach was priced at (reach_thresholds)
 
     # -- feedback -------------------------------------------------------------------------------
     def observe_step(self, report) -> None:
