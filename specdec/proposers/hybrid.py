@@ -305,22 +305,36 @@ class HybridProposer:
         if math.isnan(plain.seconds):  # measure S(1) first
             return plain
         share = 1.0 / (1 + load.sequences)  # of a plain step, towards the next probe
-        if self._out_of_reach(match, order, k, suffix, list(self.drafts), greedy, plain):
+        est = self._estimates(match, order, k, suffix)
+        if self._out_of_reach(est, suffix, greedy, plain):
             # no option can beat a plain step: price them only when a probe wants the best of them (a probe is
             # counted only when there is an option, as below)
-            if not (match or suffix.tokens or self._drafters(catchup, k, greedy, plain)):
+            drafters = None if match or suffix.tokens else self._drafters(catchup, k, greedy, plain)
+            if drafters == [] or not self.probe.should_probe(share):
                 return plain
-            if not self.probe.should_probe(share):
-                return plain
-            best = self._best(match, order, k, catchup, greedy, suffix, self._drafters(catchup, k, greedy, plain))
+            drafters = self._drafters(catchup, k, greedy, plain) if drafters is None else drafters
+            best = self._best(est, catchup, greedy, suffix, drafters)
             return (best is not None and self._probe(best, match, order, k, catchup, greedy, plain, suffix)) or plain
-        best = self._best(match, order, k, catchup, greedy, suffix, self._drafters(catchup, k, greedy, plain))
+        best = self._best(est, catchup, greedy, suffix, self._drafters(catchup, k, greedy, plain))
         if best is not None and best.rate > plain.rate:
             self.probe.speculating()
             return best
         if best is not None and self.probe.should_probe(share):
             return self._probe(best, match, order, k, catchup, greedy, plain, suffix) or plain
         return plain
+
+    def _estimates(self, match: list[int], order: int, k: int, suffix: Proposal) -> dict[str, np.ndarray]:
+        """Source -> ``[K] float64`` conditional acceptance estimates of this step's options (:meth:`_accept`,
+        :meth:`_suffix_accept`): ``"ngram"`` when the lookup matched, ``"suffix"`` when suffix decoding found a
+        path, each drafter's kind; computed once for the bound (:meth:`_out_of_reach`) and the pricing."""
+        est = {}
+        if match:
+            est["ngram"] = self._accept("ngram", order, len(match))
+        if suffix.tokens:
+            est["suffix"] = self._suffix_accept(suffix)
+        for kind in self.drafts:
+            est[kind] = self._accept(kind, order, k)
+        return est
 
     def _drafters(self, catchup: dict[str, int], k: int, greedy: bool, plain: Choice) -> list[str]:
         """The drafters worth pricing: those that could pay with every draft accepted (:meth:`_could_pay`; that
@@ -332,25 +346,21 @@ class HybridProposer:
         """``k -> D(k)`` seconds of drafter ``kind`` with its catch-up (:meth:`CostModel.draft_seconds`)."""
         return lambda j: self.cost.draft_seconds(j, catchup[kind], greedy, drafter=kind)
 
-    def _best(self, match: list[int], order: int, k: int, catchup: dict[str, int], greedy: bool,
-              suffix: Proposal, drafters: list[str]) -> Choice | None:
+    def _best(self, est: dict[str, np.ndarray], catchup: dict[str, int], greedy: bool, suffix: Proposal,
+              drafters: list[str]) -> Choice | None:
         """The option of highest rate, eq. (3): n-gram, suffix (a token tree when it pays, :meth:`_tree`), each
-        drafter in ``drafters``, each with its best k; None when none has anything to offer."""
+        drafter in ``drafters``, each with its best k for its estimates ``est`` (:meth:`_estimates`); None when
+        none has anything to offer."""
         cm, load = self.cost, self.cost.load
-        priced = []
-        if match:
-            priced.append(("ngram", cm.best_k(self._accept("ngram", order, len(match)), lambda j: 0.0, greedy, load=load)))
-        if suffix.tokens:
-            priced.append(("suffix", cm.best_k(self._suffix_accept(suffix), lambda j: 0.0, greedy, load=load)))
+        priced = [(source, cm.best_k(est[source], lambda j: 0.0, greedy, load=load))
+                  for source in ("ngram", "suffix") if source in est]
         for kind in drafters:  # each drafter is an option of its own, timed and scored on its own
-            c = cm.best_k(self._accept(kind, order, k), self._draft_cost(kind, catchup, greedy), greedy, load=load)
-            priced.append((kind, c))
+            priced.append((kind, cm.best_k(est[kind], self._draft_cost(kind, catchup, greedy), greedy, load=load)))
         options = [dataclasses.replace(c, source=source) for source, c in priced if c is not None]
         best = max(options, key=lambda c: c.rate, default=None)
         return self._tree(best, suffix, greedy) if best is not None and best.source == "suffix" else best
 
-    def _out_of_reach(self, match: list[int], order: int, k: int, suffix: Proposal, drafters: list[str],
-                      greedy: bool, plain: Choice) -> bool:
+    def _out_of_reach(self, est: dict[str, np.ndarray], suffix: Proposal, greedy: bool, plain: Choice) -> bool:
         """True when no option of this step can beat ``plain``, by a bound on eq. (3) that costs a few
         comparisons instead of pricing every source (the common case of a plain step, and the whole cost of
         ``auto`` over plain decoding when it does not speculate).
@@ -371,10 +381,10 @@ class HybridProposer:
             x = len(accept) if x is None else x
             return (accept[0] if p is None else p) <= thresholds[min(x, len(thresholds)) - 1]
 
-        if match and not beyond(self._accept("ngram", order, len(match))):
+        if "ngram" in est and not beyond(est["ngram"]):
             return False
-        if suffix.tokens:
-            accept = self._suffix_accept(suffix)
+        if "suffix" in est:
+            accept = est["suffix"]
             if (n_max := min(self.tree, self._free_sequences())) > 0 and self.suffix is not None:
                 a, c = float(accept[0]), suffix.confidence[0]
                 x = len(accept) + n_max * (self.cap("suffix") + 1)  # the chain + each branch's drafts and root
@@ -382,7 +392,7 @@ class HybridProposer:
                     return False
             elif not beyond(accept):
                 return False
-        return all(beyond(self._accept(kind, order, k)) for kind in drafters)
+        return all(beyond(est[kind]) for kind in self.drafts)
 
     def _could_pay(self, kind: str, cost, catchup: int, k: int, greedy: bool, plain: Choice) -> bool:
         """Whether drafter ``kind`` could beat plain decoding by :data:`DRAFT_MARGIN` with every draft
