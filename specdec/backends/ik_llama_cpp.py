@@ -26,14 +26,24 @@ import importlib.metadata
 import os
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Sequence
 
-from specdec.backends.base import BackendError
+import numpy as np
+
+from specdec.backends.base import BackendError, CacheFullError
 from specdec.backends.cpu import physical_cores
 from specdec.backends.gguf import GGUFBackend, check_cells
 from specdec.models import check_gguf
 
 IK_VERSION = "0.1.5"
 """The ik-llama-cpp-python release whose struct layouts this module was checked against."""
+
+SIDE_MIN_TOKENS = 32
+"""Fewest tokens of a prompt chunk that go to the side context (:class:`IkLlamaCppBackend`): below it the
+other sequences' cells cost a chunk little (16 tokens beside 700 cells: 1.09x), and the move back does not."""
+
+SIDE_MIN_OTHERS = 256
+"""Fewest KV cells held by other sequences for a chunk to go to the side context."""
 
 LIB_ENV = "SPECDEC_IK_LIB"
 """Environment variable: path of an ik_llama.cpp ``libllama.so`` to load instead of the package's."""
@@ -198,6 +208,20 @@ class IkLlamaCppBackend(GGUFBackend):
     a prefix copy only tags cells, and a batch of several sequences decodes in one micro-batch
     attending over all cells in use (as llama.cpp's ``kv_unified``).
 
+    That attention over every cell in use, masked or not, makes a prompt cost more the more other
+    sequences hold: a 64-token chunk costs 1.19x, 1.41x, 1.53x, 1.75x of the same chunk alone beside 700,
+    1,400, 2,800, 3,500 other sequences' cells (1.5B target, 2 threads, AVX-512 EPYC; paired medians,
+    ``docs/bench/serving-epyc-4``). So a long prompt chunk is evaluated in a **side context**: a second
+    llama_context on the same weights, of ``n_ctx`` cells, holding one sequence at a time, where the chunk
+    attends over its own sequence only (disaggregated prefill within one process). The sequence moves
+    there with its few cells when a chunk of at least :data:`SIDE_MIN_TOKENS` tokens (no more than one
+    logit row, at least as many tokens as it holds) meets :data:`SIDE_MIN_OTHERS` cells of other sequences,
+    and moves back (``llama_state_seq_get_data`` / ``_set_data``: ~0.08 ms a token of the 1.5B target)
+    before any other use: a decode, a verification, a copy of its prefix. The side call and the call of
+    the rest of the batch run one after the other, inside one :meth:`eval`. The KV a sequence computes is
+    the same in either context, so outputs do not change (up to the batched kernels' rounding, as with
+    any other split of a batch).
+
     Args:
         path: GGUF model file.
         n_ctx: Context window per sequence, in tokens.
@@ -215,6 +239,8 @@ class IkLlamaCppBackend(GGUFBackend):
         n_cells: KV cells of the cache shared by all sequences (default ``n_ctx * n_seq_max``; at least
             ``n_ctx``): a server keeps more sequences (parked prefixes, alternative candidates) than
             full-length ones.
+        side_prefill: Evaluate a long prompt in the side context while other sequences hold cells (default
+            on; only where ``n_seq_max > 1``).
 
     Raises:
         FileNotFoundError: when ``path`` does not exist.
@@ -225,7 +251,7 @@ class IkLlamaCppBackend(GGUFBackend):
 
     def __init__(self, path: str | Path, n_ctx: int = 4096, n_seq_max: int = 8, n_threads: int | None = None,
                  n_batch: int = 512, name: str | None = None, *, flash_attn: bool = False, repack: bool = True,
-                 n_cells: int | None = None):
+                 n_cells: int | None = None, side_prefill: bool = True):
         self._model = self._ctx = None
         path = check_gguf(path)
         if n_ctx < 1 or n_batch < 1 or n_seq_max < 1:
@@ -255,13 +281,7 @@ class IkLlamaCppBackend(GGUFBackend):
         # ik_llama.cpp's n_ctx is the whole KV cache, shared by all sequences: n_ctx * n_seq_max cells
         # unless told otherwise; SequenceBook enforces n_ctx per sequence.
         n_cells = max(n_cells, n_ctx) if n_cells else n_ctx * n_seq_max
-        cparams = lib.llama_context_default_params()
-        cparams.n_ctx = n_cells
-        cparams.n_seq_max = n_seq_max
-        cparams.n_batch = cparams.n_ubatch = n_batch  # one llama_decode = one micro-batch (see _lib_decode)
-        cparams.n_threads = cparams.n_threads_batch = self.n_threads
-        cparams.flash_attn = flash_attn
-        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        self._ctx = self._new_context(n_cells)
         if not self._ctx:
             self.close()
             raise BackendError(f"ik_llama.cpp could not create a context of {n_cells} KV cells")
@@ -269,11 +289,32 @@ class IkLlamaCppBackend(GGUFBackend):
         self._batch = lib.llama_batch_init(n_batch, 0, 1)
         self._batch_live = True
         self._holes = False  # cells freed below used ones since the last compaction (see _lib_decode)
+        # The side context (see the class docstring): created at its first use; None until then, False
+        # when off or when it could not be created. _calls: the context _lib_decode/_lib_logits address.
+        self.side_prefill = side_prefill and n_seq_max > 1 and not self.recurrent
+        self._side_ctx = None if self.side_prefill else False
+        self._side: int | None = None  # the sequence whose cells are in the side context
+        self._calls = self._ctx
         self._init_gguf(lib.llama_vocab_n_tokens(self._vocab))
+
+    def _new_context(self, n_cells: int):
+        """A llama_context on the model with ``n_cells`` KV cells and this backend's settings; NULL on failure."""
+        cparams = self._lib.llama_context_default_params()
+        cparams.n_ctx = n_cells
+        cparams.n_seq_max = self.n_seq_max
+        cparams.n_batch = cparams.n_ubatch = self.n_batch  # one llama_decode = one micro-batch (see _lib_decode)
+        cparams.n_threads = cparams.n_threads_batch = self.n_threads
+        cparams.flash_attn = self.flash_attn
+        return self._lib.llama_init_from_model(self._model, cparams)
 
     # -- the library's own sequence calls (bookkeeping: SequenceBook) ---------------------------
 
     def _drop(self, seq_id: int, n_tokens: int) -> bool:
+        if seq_id == self._side:  # one sequence, its cells from cell 0 up: dropping its tail leaves no hole
+            if n_tokens == 0:
+                self._side = None
+                return bool(self._lib.llama_kv_cache_seq_rm(self._side_ctx, -1, 0, -1))  # all cells free
+            return bool(self._lib.llama_kv_cache_seq_rm(self._side_ctx, seq_id, n_tokens, -1))
         # Freed cells may leave a hole below cells in use, or a short run of cells in use high above free
         # ones (defrag fills holes from the end of the cache, out of position order): compact before the
         # next decode or load (_compact). A compaction that moves nothing is cheap next to a decode, and
@@ -284,7 +325,7 @@ class IkLlamaCppBackend(GGUFBackend):
     def _copy(self, src: int, dst: int, n_tokens: int) -> bool:
         # One cache for all sequences: the copy tags src's cells with dst too, no data moves. A
         # recurrent model's state cannot be shared by prefix, so refuse there.
-        if self.recurrent:
+        if self.recurrent or (src == self._side and not self._to_main(src)):
             return False
         self._lib.llama_kv_cache_seq_cp(self._ctx, src, dst, 0, n_tokens)
         return True
@@ -298,11 +339,11 @@ class IkLlamaCppBackend(GGUFBackend):
         self._holes = True  # placed where the slot search started, perhaps above free cells: see _compact
         return loaded
 
-    def _lib_state_size(self, seq_id: int) -> int:
-        return self._lib.llama_state_seq_get_size(self._ctx, seq_id, 0)
+    def _lib_state_size(self, seq_id: int) -> int:  # a state holds positions, not cells: it loads into either context
+        return self._lib.llama_state_seq_get_size(self._holder(seq_id), seq_id, 0)
 
     def _lib_state_get(self, seq_id: int, buf, size: int) -> int:
-        return self._lib.llama_state_seq_get_data(self._ctx, buf, size, seq_id, 0)
+        return self._lib.llama_state_seq_get_data(self._holder(seq_id), buf, size, seq_id, 0)
 
     def _lib_state_set(self, seq_id: int, buf, size: int) -> int:
         return self._lib.llama_state_seq_set_data(self._ctx, buf, size, seq_id, 0)
@@ -323,7 +364,88 @@ class IkLlamaCppBackend(GGUFBackend):
             self._lib.llama_kv_cache_update(self._ctx)
             self._holes = False
 
+    # -- the side context (see the class docstring) ----------------------------------------------
+
+    def _forward(self, batch: dict[int, tuple[Sequence[int], int]]) -> dict[int, np.ndarray]:
+        side = self._side_pick(batch)
+        if self._side is not None and self._side != side and (side is not None or self._side in batch):
+            if not self._to_main(self._side):  # it goes back before its next use, or to make way
+                if self._side in batch:
+                    raise CacheFullError(f"the KV cache of {self.name} has no room for sequence {self._side}'s "
+                                         f"{self._lengths[self._side]} tokens")
+                side = None
+        if side is not None and side != self._side and not self._to_side(side):
+            side = None
+        if side is None:
+            return super()._forward(batch)
+        self._calls = self._side_ctx
+        try:
+            out = super()._forward({side: batch[side]})
+        finally:
+            self._calls = self._ctx
+        rest = {s: v for s, v in batch.items() if s != side}
+        if rest:
+            out.update(super()._forward(rest))
+        # The prompt's last chunk (the partial ones ask no logits): it decodes next, in the main cache. No
+        # room there: the whole call fails as it would have without the side context (eval rolls it back,
+        # frees parked prefixes and tries again, or raises).
+        if batch[side][1] and not self._to_main(side):
+            raise CacheFullError(f"the KV cache of {self.name} has no room for sequence {side}'s "
+                                 f"{self._lengths[side]} tokens")
+        return out
+
+    def _holder(self, seq_id: int):
+        """The context that holds the sequence's cells."""
+        return self._side_ctx if seq_id == self._side else self._ctx
+
+    def _side_pick(self, batch: dict[int, tuple[Sequence[int], int]]) -> int | None:
+        """The sequence of ``batch`` to evaluate in the side context, or None (rules: the class docstring)."""
+        if self._side_ctx is False:
+            return None
+        best = None
+        for s, (tokens, n_logits) in batch.items():
+            if s == self._side and n_logits <= 1:  # the rest of its prompt, however short
+                return s
+            if len(tokens) < SIDE_MIN_TOKENS or n_logits > 1:
+                continue
+            if self._lengths[s] <= len(tokens) and (best is None or len(tokens) > len(batch[best][0])):
+                best = s
+        if best is None or sum(n for s, n in self._lengths.items() if s != best) < SIDE_MIN_OTHERS:
+            return None
+        return best
+
+    def _to_side(self, seq_id: int) -> bool:
+        """Move the sequence's cells (if any) into the empty side context; False when that fails (it stays)."""
+        if self._side_ctx is None:
+            self._side_ctx = self._new_context(self.n_ctx) or False
+        if self._side_ctx is False:
+            return False
+        if self._lengths[seq_id]:
+            state = super()._save(seq_id)
+            size = len(state) if state is not None else 0
+            if not size or self._lib.llama_state_seq_set_data(
+                    self._side_ctx, (ctypes.c_ubyte * size).from_buffer(state), size, seq_id, 0) <= 0:
+                self._lib.llama_kv_cache_seq_rm(self._side_ctx, -1, 0, -1)
+                return False
+            self._holes = True
+            self._lib.llama_kv_cache_seq_rm(self._ctx, seq_id, 0, -1)
+        self._side = seq_id
+        return True
+
+    def _to_main(self, seq_id: int) -> bool:
+        """Move the side context's sequence back into the main cache; False when there is no room (it stays)."""
+        if self._lengths[seq_id]:
+            state = super()._save(seq_id)
+            if state is None or not self._load(seq_id, state):
+                self._lib.llama_kv_cache_seq_rm(self._ctx, seq_id, 0, -1)
+                return False
+        self._lib.llama_kv_cache_seq_rm(self._side_ctx, -1, 0, -1)
+        self._side = None
+        return True
+
     def _lib_decode(self) -> int:
+        if self._calls is not self._ctx:
+            return self._lib.llama_decode(self._calls, self._batch)
         self._compact()
         # Compact, the cache's free cells are one run, so a micro-batch (placed in contiguous cells) finds
         # room whenever enough cells are free; when they are not, ik_llama.cpp returns 1 (CacheFullError,
@@ -331,7 +453,7 @@ class IkLlamaCppBackend(GGUFBackend):
         return self._lib.llama_decode(self._ctx, self._batch)
 
     def _lib_logits(self, row: int):
-        return self._lib.llama_get_logits_ith(self._ctx, row)
+        return self._lib.llama_get_logits_ith(self._calls, row)
 
     def _lib_tokenize(self, data: bytes, buf, size: int, special: bool) -> int:
         return self._lib.llama_tokenize(self._model, data, len(data), buf, size, False, special)
@@ -361,6 +483,9 @@ class IkLlamaCppBackend(GGUFBackend):
         if getattr(self, "_batch_live", False):
             self._lib.llama_batch_free(self._batch)
             self._batch_live = False
+        if getattr(self, "_side_ctx", None):
+            self._lib.llama_free(self._side_ctx)
+            self._side_ctx = False
         if getattr(self, "_ctx", None):
             self._lib.llama_free(self._ctx)
             self._ctx = None
