@@ -294,6 +294,7 @@ class IkLlamaCppBackend(GGUFBackend):
         self.side_prefill = side_prefill and n_seq_max > 1 and not self.recurrent
         self._side_ctx = None if self.side_prefill else False
         self._side: int | None = None  # the sequence whose cells are in the side context
+        self.side_chunks = 0  # calls made in the side context (prompt chunks), for tests and diagnosis
         self._calls = self._ctx
         self._init_gguf(lib.llama_vocab_n_tokens(self._vocab))
 
@@ -379,6 +380,7 @@ class IkLlamaCppBackend(GGUFBackend):
         if side is None:
             return super()._forward(batch)
         self._calls = self._side_ctx
+        self.side_chunks += 1
         try:
             out = super()._forward({side: batch[side]})
         finally:
