@@ -42,6 +42,10 @@ SIDE_MIN_TOKENS = 32
 """Fewest tokens of a prompt chunk that go to the side context (:class:`IkLlamaCppBackend`): below it the
 other sequences' cells cost a chunk little (16 tokens beside 700 cells: 1.09x), and the move back does not."""
 
+SIDE_MOVE_MAX = 2048
+"""Most cells a sequence in the middle of its prompt takes along into the side context (~160 ms of state copy
+for the 1.5B target, against ~10 ms a token of prompt it then evaluates without the other sequences' cells)."""
+
 SIDE_MIN_OTHERS = 256
 """Fewest KV cells held by other sequences for a chunk to go to the side context."""
 
@@ -214,8 +218,9 @@ class IkLlamaCppBackend(GGUFBackend):
     ``docs/bench/serving-epyc-4``). So a long prompt chunk is evaluated in a **side context**: a second
     llama_context on the same weights, of ``n_ctx`` cells, holding one sequence at a time, where the chunk
     attends over its own sequence only (disaggregated prefill within one process). The sequence moves
-    there with its few cells when a chunk of at least :data:`SIDE_MIN_TOKENS` tokens (no more than one
-    logit row, at least as many tokens as it holds) meets :data:`SIDE_MIN_OTHERS` cells of other sequences,
+    there with its cells when a chunk of at least :data:`SIDE_MIN_TOKENS` tokens (no more than one logit
+    row; at least as many tokens as it holds, or more of the prompt to follow and at most :data:`SIDE_MOVE_MAX`
+    cells held) meets :data:`SIDE_MIN_OTHERS` cells of other sequences,
     and moves back (``llama_state_seq_get_data`` / ``_set_data``: ~0.08 ms a token of the 1.5B target)
     before any other use: a decode, a verification, a copy of its prefix. The side call and the call of
     the rest of the batch run one after the other, inside one :meth:`eval`. The KV a sequence computes is
@@ -240,7 +245,7 @@ class IkLlamaCppBackend(GGUFBackend):
             ``n_ctx``): a server keeps more sequences (parked prefixes, alternative candidates) than
             full-length ones.
         side_prefill: Evaluate a long prompt in the side context while other sequences hold cells (default
-            on; only where ``n_seq_max > 1``).
+            on; only where ``n_seq_max > 1``). The attribute of that name turns it on and off later.
 
     Raises:
         FileNotFoundError: when ``path`` does not exist.
@@ -289,10 +294,10 @@ class IkLlamaCppBackend(GGUFBackend):
         self._batch = lib.llama_batch_init(n_batch, 0, 1)
         self._batch_live = True
         self._holes = False  # cells freed below used ones since the last compaction (see _lib_decode)
-        # The side context (see the class docstring): created at its first use; None until then, False
-        # when off or when it could not be created. _calls: the context _lib_decode/_lib_logits address.
-        self.side_prefill = side_prefill and n_seq_max > 1 and not self.recurrent
-        self._side_ctx = None if self.side_prefill else False
+        # The side context (see the class docstring): created at its first use (None until then).
+        # _calls: the context that _lib_decode and _lib_logits address.
+        self.side_prefill = side_prefill and n_seq_max > 1 and not self.recurrent  # off: a failed creation too
+        self._side_ctx = None
         self._side: int | None = None  # the sequence whose cells are in the side context
         self.side_chunks = 0  # calls made in the side context (prompt chunks), for tests and diagnosis
         self._calls = self._ctx
@@ -402,7 +407,7 @@ class IkLlamaCppBackend(GGUFBackend):
 
     def _side_pick(self, batch: dict[int, tuple[Sequence[int], int]]) -> int | None:
         """The sequence of ``batch`` to evaluate in the side context, or None (rules: the class docstring)."""
-        if self._side_ctx is False:
+        if not self.side_prefill:
             return None
         best = None
         for s, (tokens, n_logits) in batch.items():
@@ -410,7 +415,10 @@ class IkLlamaCppBackend(GGUFBackend):
                 return s
             if len(tokens) < SIDE_MIN_TOKENS or n_logits > 1:
                 continue
-            if self._lengths[s] <= len(tokens) and (best is None or len(tokens) > len(batch[best][0])):
+            # It moves with its cells: worth it when the chunk is at least as long, or when more of the prompt
+            # follows (a partial chunk asks no logits) and its cells are few (moving costs ~1/100 of evaluating)
+            if (self._lengths[s] <= len(tokens) or (n_logits == 0 and self._lengths[s] <= SIDE_MOVE_MAX)) \
+                    and (best is None or len(tokens) > len(batch[best][0])):
                 best = s
         if best is None or sum(n for s, n in self._lengths.items() if s != best) < SIDE_MIN_OTHERS:
             return None
@@ -419,9 +427,10 @@ class IkLlamaCppBackend(GGUFBackend):
     def _to_side(self, seq_id: int) -> bool:
         """Move the sequence's cells (if any) into the empty side context; False when that fails (it stays)."""
         if self._side_ctx is None:
-            self._side_ctx = self._new_context(self.n_ctx) or False
-        if self._side_ctx is False:
-            return False
+            self._side_ctx = self._new_context(self.n_ctx) or None
+            if self._side_ctx is None:
+                self.side_prefill = False
+                return False
         if self._lengths[seq_id]:
             state = super()._save(seq_id)
             size = len(state) if state is not None else 0
@@ -487,7 +496,7 @@ class IkLlamaCppBackend(GGUFBackend):
             self._batch_live = False
         if getattr(self, "_side_ctx", None):
             self._lib.llama_free(self._side_ctx)
-            self._side_ctx = False
+            self._side_ctx = None
         if getattr(self, "_ctx", None):
             self._lib.llama_free(self._ctx)
             self._ctx = None

@@ -104,6 +104,32 @@ def test_a_sequence_moves_with_the_cells_it_holds(b, lone):
     np.testing.assert_allclose(got, alone(lone, [(head, 0), (chunk, 0), (tail, 1)])[-1], atol=1e-4)
 
 
+@pytest.mark.parametrize("move_max", [512, 50])
+def test_a_sequence_in_the_middle_of_its_prompt_moves_unless_it_holds_too_much(b, lone, monkeypatch, move_max):
+    monkeypatch.setattr(ik_mod, "SIDE_MOVE_MAX", move_max)
+    s = b.new_sequence()
+    prompt = toks(8, 220)
+    b.eval({s: (prompt[:100], 0)})  # started alone: in the main cache
+    others = busy(b)
+    b.side_chunks = 0
+    b.eval({s: (prompt[100:164], 0), others[0]: ([5], 1)})  # 100 cells, a 64-token chunk, more to follow
+    assert b._side == (s if move_max == 512 else None)
+    got = b.eval({s: (prompt[164:], 1)})[s]
+    assert b._side is None and b.side_chunks == (2 if move_max == 512 else 0)
+    np.testing.assert_allclose(got, alone(lone, [(prompt[:164], 0), (prompt[164:], 1)])[-1], atol=1e-4)
+
+
+def test_turned_off_mid_prefill_it_goes_back(b, lone):
+    busy(b)
+    s = b.new_sequence()
+    b.eval({s: (toks(18, 64), 0)})
+    assert b._side == s
+    b.side_prefill = False
+    got = b.eval({s: (toks(19, 64), 1)})[s]
+    assert b._side is None and b.side_chunks == 1
+    np.testing.assert_allclose(got, alone(lone, [(toks(18, 64), 0), (toks(19, 64), 1)])[-1], atol=1e-4)
+
+
 def test_uses_of_a_sequence_mid_prefill(b, lone):
     busy(b)
     prompt = toks(11, 200)
@@ -172,7 +198,7 @@ def test_off_without_other_sequences_or_when_asked(tiny_target_path):
         others = busy(off)
         s = off.new_sequence()
         off.eval({s: (toks(1, 64), 1), others[0]: ([5], 1)})
-        assert off.side_chunks == 0 and off._side_ctx is False
+        assert off.side_chunks == 0 and off._side_ctx is None
     finally:
         one.close()
         off.close()
