@@ -19,7 +19,7 @@ from specdec.models import DEFAULT_TARGET, resolve_model
 
 fa = sys.argv[1:] == ["1"]
 b = IkLlamaCppBackend(resolve_model(DEFAULT_TARGET), n_ctx=4096, n_seq_max=8, n_threads=2, flash_attn=fa,
-                      n_cells=4096 * 4)
+                      n_cells=4096 * 4, side_prefill=False)  # the one cache alone (side context: serving-epyc-4)
 rng = np.random.default_rng(0)
 V = 150000
 ids = [b.new_sequence() for _ in range(8)]

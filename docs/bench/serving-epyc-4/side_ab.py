@@ -3,7 +3,7 @@ docs/bench/README.md, "Prompts beside other sequences' cells"; not part of the p
 
 One engine configured as ``specdec serve`` configures it (8 running requests, prefix cache on), closed-loop
 clients over a serving-bench workload (:func:`specdec.bench.workloads.build_jobs`, the same jobs at every
-level; ``long``: the single workload's two prompts of 600+ tokens, four times each), the side context turned on and off per cell (``IkLlamaCppBackend.side_prefill`` of the target and
+level; ``long``: the single workload's two prompts of 600+ tokens, four times each), the side context turned on and off per cell (the same prompts, the prefix cache emptied before each) (``IkLlamaCppBackend.side_prefill`` of the target and
 the draft), ABBA over rounds so that drift hits both alike. Prints per cell tokens/s, TTFT p50/p90, side
 calls, and at the end the ratio on/off per level (median over rounds).
 Run: python3 docs/bench/serving-epyc-4/side_ab.py --workload single --levels 1,2,4,8 --rounds 2 --method none
@@ -46,6 +46,8 @@ backends = [b for b in (engine.target, engine.draft) if b is not None and hasatt
 def run_cell(c: int, side: bool, tag: str) -> dict:
     for b in backends:
         b.side_prefill = side
+    engine.enable_prefix_cache(0, 0)  # on and off serve the same prompts (one tag): nothing carried over
+    engine.enable_prefix_cache(8, 8192 * 4)
     calls0 = sum(b.side_chunks for b in backends)
     jobs = queue.Queue()
     for j in JOBS:
@@ -95,7 +97,7 @@ for r in range(a.rounds):
     for i, c in enumerate(levels):
         order = (True, False) if (r + i) % 2 == 0 else (False, True)
         for side in order:
-            row = run_cell(c, side, f"r{r}c{c}{side}")
+            row = run_cell(c, side, f"r{r}c{c}")
             row["round"] = r
             rows.append(row)
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
