@@ -345,14 +345,15 @@ class IkLlamaCppBackend(GGUFBackend):
         self._holes = True  # placed where the slot search started, perhaps above free cells: see _compact
         return loaded
 
-    def _lib_state_size(self, seq_id: int) -> int:  # a state holds positions, not cells: it loads into either context
+    # A state holds positions, not cells: one saved from either context loads into either.
+    def _lib_state_size(self, seq_id: int) -> int:
         return self._lib.llama_state_seq_get_size(self._holder(seq_id), seq_id, 0)
 
     def _lib_state_get(self, seq_id: int, buf, size: int) -> int:
         return self._lib.llama_state_seq_get_data(self._holder(seq_id), buf, size, seq_id, 0)
 
     def _lib_state_set(self, seq_id: int, buf, size: int) -> int:
-        return self._lib.llama_state_seq_set_data(self._ctx, buf, size, seq_id, 0)
+        return self._lib.llama_state_seq_set_data(self._holder(seq_id), buf, size, seq_id, 0)
 
     # -- the library's calls behind GGUFBackend's loops -------------------------------------------
 
@@ -431,27 +432,27 @@ class IkLlamaCppBackend(GGUFBackend):
             if self._side_ctx is None:
                 self.side_prefill = False
                 return False
-        if self._lengths[seq_id]:
-            state = super()._save(seq_id)
-            size = len(state) if state is not None else 0
-            if not size or self._lib.llama_state_seq_set_data(
-                    self._side_ctx, (ctypes.c_ubyte * size).from_buffer(state), size, seq_id, 0) <= 0:
-                self._lib.llama_kv_cache_seq_rm(self._side_ctx, -1, 0, -1)
-                return False
+        held = self._lengths[seq_id]
+        state = super()._save(seq_id) if held else None  # from the main cache
+        self._side = seq_id  # from here on, the library calls for it address the side context (_holder)
+        if held and (state is None or not super()._load(seq_id, state)):
+            self._drop(seq_id, 0)  # empties the side context again
+            return False
+        if held:
             self._holes = True
             self._lib.llama_kv_cache_seq_rm(self._ctx, seq_id, 0, -1)
-        self._side = seq_id
         return True
 
     def _to_main(self, seq_id: int) -> bool:
         """Move the side context's sequence back into the main cache; False when there is no room (it stays)."""
-        if self._lengths[seq_id]:
-            state = super()._save(seq_id)
-            if state is None or not self._load(seq_id, state):
-                self._lib.llama_kv_cache_seq_rm(self._ctx, seq_id, 0, -1)
-                return False
+        held = self._lengths[seq_id]
+        state = super()._save(seq_id) if held else None  # from the side context
+        self._side = None  # from here on, the library calls for it address the main cache
+        if held and (state is None or not self._load(seq_id, state)):
+            self._lib.llama_kv_cache_seq_rm(self._ctx, seq_id, 0, -1)
+            self._side = seq_id
+            return False
         self._lib.llama_kv_cache_seq_rm(self._side_ctx, -1, 0, -1)
-        self._side = None
         return True
 
     def _lib_decode(self) -> int:

@@ -13,7 +13,7 @@ from conftest import IK, tiny_backend
 from server_helpers import tiny_engine
 
 import specdec.backends.ik_llama_cpp as ik_mod
-from specdec.backends.base import BackendError
+from specdec.backends.base import BackendError, CacheFullError
 from specdec.params import SamplingParams, SpecConfig
 from specdec.scheduler import Scheduler
 
@@ -233,3 +233,25 @@ def test_requests_served_together_write_what_each_writes_alone(tiny_target_path,
     finally:
         engine.target.close()
         engine.draft.close()
+
+
+def test_no_room_to_move_back_fails_the_call_cleanly(tiny_target_path, lone):
+    b = tiny_backend(tiny_target_path, "ik_llama.cpp", n_ctx=384, n_seq_max=4, n_cells=512)
+    try:
+        others = busy(b)  # 400 of the main cache's 512 cells
+        s = b.new_sequence()
+        prompt = toks(21, 300)
+        b.eval({s: (prompt[:200], 0)})  # fits in the side context, not in the main cache
+        assert b._side == s
+        with pytest.raises(CacheFullError):
+            b.eval({s: (prompt[200:], 1), others[0]: ([5], 1)})
+        # the call is undone in both contexts: s keeps its 200 tokens (still in the side context), the other
+        # sequence its 200, and both go on as if the call had not been made
+        assert b._side == s and b.length(s) == 200 and b.length(others[0]) == 200
+        b.free_sequence(others[1])
+        got = b.eval({s: (prompt[200:], 1), others[0]: ([5], 1)})
+        assert b._side is None and b.length(s) == 300
+        np.testing.assert_allclose(got[s], alone(lone, [(prompt[:200], 0), (prompt[200:], 1)])[-1], atol=1e-4)
+        np.testing.assert_allclose(got[others[0]], alone(lone, [(toks(100, 200), 0), ([5], 1)])[-1], atol=1e-4)
+    finally:
+        b.close()
