@@ -96,3 +96,33 @@ def test_every_system_runs_every_cell_in_every_position_over_as_many_rounds(n_sy
     if n_systems > 1:  # consecutive cells of a round start with different systems
         firsts = [serving.visit_order(systems, place, 0)[0] for place in range(cells_per_round)]
         assert all(a != b for a, b in zip(firsts, firsts[1:]))
+
+
+def test_in_process_closed_loop_serves_every_turn_with_the_answers_so_far(tiny_target_path, tiny_draft_path):
+    from specdec.bench.inprocess import closed_loop
+    from specdec.params import SamplingParams, SpecConfig
+    from specdec.scheduler import Scheduler
+
+    engine = tiny_engine(tiny_target_path, tiny_draft_path, n_seq_max=4)
+    params, spec = SamplingParams(temperature=0.0, max_tokens=6), SpecConfig(method="none")
+    jobs = [Job(None, (f"hello {i}", "and then?")) for i in range(2)] + [Job("be brief", ("why?",))]
+    expected = 0  # each turn alone, the conversation resent with the answers so far
+    for job in jobs:
+        messages = [] if job.system is None else [{"role": "system", "content": job.system}]
+        for turn in job.turns:
+            messages.append({"role": "user", "content": turn})
+            out = engine.generate(engine.encode_chat(messages), params, spec)
+            expected += len(out.token_ids)
+            messages.append({"role": "assistant", "content": out.text})
+    sched = Scheduler(engine, max_running=2)
+    try:
+        run = closed_loop(engine, sched, jobs, 2, params, spec)
+        with pytest.raises(ValueError, match="clients must be >= 1"):
+            closed_loop(engine, sched, jobs, 0, params, spec)
+    finally:
+        sched.close()
+        engine.target.close()
+        engine.draft.close()
+    assert run.tokens == expected and len(run.ttft) == 5 and run.ttft == sorted(run.ttft)
+    assert 0 < run.ttft_quantile(0.5) <= run.ttft_quantile(0.9) <= run.wall
+    assert run.tokens_per_second == pytest.approx(run.tokens / run.wall)

@@ -2,21 +2,22 @@
 docs/bench/README.md, "Prompts beside other sequences' cells"; not part of the package).
 
 One engine configured as ``specdec serve`` configures it (8 running requests, prefix cache on), closed-loop
-clients over a serving-bench workload (:func:`specdec.bench.workloads.build_jobs`, the same jobs at every
-level; ``long``: the single workload's two prompts of 600+ tokens, four times each), the side context turned on and off per cell (the same prompts, the prefix cache emptied before each) (``IkLlamaCppBackend.side_prefill`` of the target and
-the draft), ABBA over rounds so that drift hits both alike. Prints per cell tokens/s, TTFT p50/p90, side
-calls, and at the end the ratio on/off per level (median over rounds).
+clients in its process (:func:`specdec.bench.inprocess.closed_loop`) over a serving-bench workload (the same
+jobs at every level; ``long``: the single workload's two prompts of 600+ tokens, four times each), the side
+context turned on and off per cell (``IkLlamaCppBackend.side_prefill`` of the target and the draft; the same
+prompts both times, the prefix cache emptied before each cell), ABBA over rounds so that drift hits both
+alike. Prints per cell tokens/s, TTFT p50/p90 and side calls, then per level the wall-time ratio off/on by
+round and c=N / c=1 in tokens/s.
 Run: python3 docs/bench/serving-epyc-4/side_ab.py --workload single --levels 1,2,4,8 --rounds 2 --method none
 """
 import argparse
 import json
 import os
-import queue
 import statistics
-import threading
 import time
 
 from specdec.api import load_engine
+from specdec.bench.inprocess import closed_loop
 from specdec.bench.workloads import build_jobs
 from specdec.params import SamplingParams, SpecConfig
 from specdec.scheduler import Scheduler
@@ -49,43 +50,10 @@ def run_cell(c: int, side: bool, tag: str) -> dict:
     engine.enable_prefix_cache(0, 0)  # on and off serve the same prompts (one tag): nothing carried over
     engine.enable_prefix_cache(8, 8192 * 4)
     calls0 = sum(b.side_chunks for b in backends)
-    jobs = queue.Queue()
-    for j in JOBS:
-        jobs.put(j.tagged(tag))
-    params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens)
-    spec = SpecConfig(method=a.method)
-    lock, toks, ttft = threading.Lock(), [0], []
-
-    def client():
-        while True:
-            try:
-                job = jobs.get_nowait()
-            except queue.Empty:
-                return
-            msgs = [] if job.system is None else [{"role": "system", "content": job.system}]
-            for turn in job.turns:
-                msgs.append({"role": "user", "content": turn})
-                t0, first, n, words = time.perf_counter(), None, 0, []
-                for ch in sched.stream(engine.encode_chat(msgs), params, spec):
-                    if first is None and ch.token_ids:
-                        first = time.perf_counter() - t0
-                    n += len(ch.token_ids)
-                    words.append(ch.text or "")
-                with lock:
-                    toks[0] += n
-                    ttft.append(first)
-                msgs.append({"role": "assistant", "content": "".join(words)})
-
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(c)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    ttft.sort()
-    return {"c": c, "side": side, "tokens": toks[0], "wall": wall, "tps": toks[0] / wall,
-            "ttft_p50": ttft[len(ttft) // 2], "ttft_p90": ttft[int(0.9 * (len(ttft) - 1))],
+    run = closed_loop(engine, sched, [j.tagged(tag) for j in JOBS], c,
+                      SamplingParams(temperature=0.0, max_tokens=a.max_tokens), SpecConfig(method=a.method))
+    return {"c": c, "side": side, "tokens": run.tokens, "wall": run.wall, "tps": run.tokens_per_second,
+            "ttft_p50": run.ttft_quantile(0.5), "ttft_p90": run.ttft_quantile(0.9),
             "side_calls": sum(b.side_chunks for b in backends) - calls0}
 
 
