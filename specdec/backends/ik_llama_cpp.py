@@ -1,4 +1,5 @@
-"""ik_llama.cpp backend: many sequences in one ik_llama.cpp context, through ik-llama-cpp-python's library.
+"""ik_llama.cpp backend: many sequences in one ik_llama.cpp context (long prompts beside others in a side
+context of their own), through ik-llama-cpp-python's library.
 
 ik_llama.cpp is a llama.cpp fork with faster CPU kernels (weights repacked at load for batched matrix
 products), which makes scoring ``k+1`` tokens in one call cheaper relative to one token: the quantity
