@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from specdec.bench.runner import METHODS
 from specdec.cli.options import backend_choices
@@ -60,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     def split(s: str | None, default: tuple[str, ...] | None) -> tuple[str, ...] | None:
         return tuple(x.strip() for x in s.split(",") if x.strip()) if s else default
 
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ValueError(f"--out must be a folder (it gets bench.json, bench.md and plots); {args.out} is a file")
     if args.backend == "hf":
         return _bench_hf(args, split(args.methods, ()))
     if args.device or args.dtype:

@@ -170,6 +170,8 @@ def test_real_data_files_load_when_present():
     (["bench", "--backends", "llama.cpp,hf"], "distinct GGUF backends"),
     (["bench", "--backends", "ik,ik_llama.cpp"], "distinct GGUF backends"),
     (["bench", "--backend", "ik", "--backends", "llama.cpp"], "not both"),
+    (["bench", "--out", __file__], "--out must be a folder"),
+    (["bench", "--backend", "hf", "--out", __file__], "--out must be a folder"),
 ])
 def test_bench_cli_bad_input_is_one_line(capsys, argv, msg):
     assert main(argv) == 2
