@@ -41,14 +41,16 @@ IK_VERSION = "0.1.5"
 
 SIDE_MIN_TOKENS = 32
 """Fewest tokens of a prompt chunk that go to the side context (:class:`IkLlamaCppBackend`): below it the
-other sequences' cells cost a chunk little (16 tokens beside 700 cells: 1.09x), and the move back does not."""
+other sequences' cells cost a chunk little (16 tokens beside 700 cells: 1.09x), while moving the sequence
+back costs the same whatever the chunk."""
 
 SIDE_MOVE_MAX = 2048
 """Most cells a sequence in the middle of its prompt takes along into the side context (~160 ms of state copy
 for the 1.5B target, against ~10 ms a token of prompt it then evaluates without the other sequences' cells)."""
 
 SIDE_MIN_OTHERS = 256
-"""Fewest KV cells held by other sequences for a chunk to go to the side context."""
+"""Fewest KV cells held by other sequences for a chunk to go to the side context (below it the span costs a
+chunk under ~10%)."""
 
 LIB_ENV = "SPECDEC_IK_LIB"
 """Environment variable: path of an ik_llama.cpp ``libllama.so`` to load instead of the package's."""
