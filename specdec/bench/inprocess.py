@@ -37,6 +37,7 @@ class ClosedLoopRun:
 
     @property
     def tokens_per_second(self) -> float:
+        """New tokens per second of wall time (0.0 for an empty run)."""
         return self.tokens / self.wall if self.wall > 0 else 0.0
 
     def ttft_quantile(self, q: float) -> float:
