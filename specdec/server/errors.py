@@ -118,7 +118,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
 async def send_error(send, e: APIError) -> None:
     """Send ``e`` as a whole response through a raw ASGI ``send`` (for middleware)."""
-    body = json.dumps(error_body(e.status, e.message, e.param, e.code, e.type)).encode()
+    body = error_response(e).body  # serialized as every other error response is
     await send({"type": "http.response.start", "status": e.status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})

@@ -35,6 +35,8 @@ def assert_openai_error(r: httpx.Response, status: int | None = None) -> dict:
     if status is not None:
         assert r.status_code == status, r.text
     err = r.json()["error"]
+    # one serialization for every error, the middleware's (401, 413) included
+    assert r.content == json.dumps(r.json(), ensure_ascii=False, separators=(",", ":")).encode(), r.content
     assert set(err) == {"message", "type", "param", "code"} and isinstance(err["message"], str) and err["message"]
     return err
 
