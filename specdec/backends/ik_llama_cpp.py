@@ -25,6 +25,7 @@ import ctypes
 import functools
 import importlib.metadata
 import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Sequence
@@ -34,6 +35,7 @@ import numpy as np
 from specdec.backends.base import BackendError, CacheFullError
 from specdec.backends.cpu import physical_cores
 from specdec.backends.gguf import GGUFBackend, check_cells
+from specdec.backends.native_stderr import captured_stderr, reason
 from specdec.models import check_gguf
 
 IK_VERSION = "0.1.5"
@@ -279,9 +281,14 @@ class IkLlamaCppBackend(GGUFBackend):
         mparams.repack_tensors = repack
         mparams.use_mmap = not repack  # repacking rewrites the weights: they must live in our memory
         mparams.flash_attn = flash_attn
-        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+        with captured_stderr() as printed:  # its GGUF parser prints why a file is corrupt, past the log callback
+            self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
-            raise BackendError(f"ik_llama.cpp could not load {path} (unsupported or corrupt GGUF?)")
+            why = reason(printed[0])
+            raise BackendError(f"ik_llama.cpp could not load {path} (unsupported or corrupt GGUF?)"
+                               + (f": {why}" if why else ""))
+        if printed[0]:
+            sys.stderr.write(printed[0])  # a successful load's own words (none seen so far) are not ours to drop
         self._vocab = lib.llama_model_get_vocab(self._model)
         self._check_training_context(n_ctx)
         self.recurrent = bool(lib.llama_model_is_recurrent(self._model))

@@ -204,11 +204,18 @@ def test_not_a_gguf_file(tmp_path, gguf_backend):
         tiny_backend(path, gguf_backend)
 
 
-def test_corrupt_gguf_raises_backend_error(tmp_path, tiny_target_path, gguf_backend):
+@pytest.mark.parametrize("cut", [40, 5000], ids=["header", "metadata"])
+def test_corrupt_gguf_raises_backend_error(tmp_path, tiny_target_path, gguf_backend, capfd, cut):
+    """A cut file fails in one error that carries the library's reason (ik_llama.cpp's GGUF parser prints it
+    to file descriptor 2, past the log callback) and leaves nothing else on standard error."""
     path = tmp_path / "cut.gguf"
-    path.write_bytes(tiny_target_path.read_bytes()[:5000])
-    with pytest.raises(BackendError, match="could not load"):
+    path.write_bytes(tiny_target_path.read_bytes()[:cut])
+    with pytest.raises(BackendError, match="could not load") as e:
         tiny_backend(path, gguf_backend)
+    assert "\n" not in str(e.value)
+    if gguf_backend == "ik_llama.cpp":
+        assert "gguf_init_from_file: failed to read" in str(e.value), str(e.value)
+    assert capfd.readouterr().err == ""
 
 
 def test_chat_template(tiny_target):
