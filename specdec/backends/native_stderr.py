@@ -6,10 +6,9 @@ specdec's own error. :func:`captured_stderr` points file descriptor 2 at a tempo
 runs and hands its text back, to be folded into the error (the CLI's one line) or written out when the
 call succeeded after all. If the library aborts the process inside the block, its message would go to the
 file and be lost with it, so :mod:`faulthandler` is pointed at the real standard error meanwhile: an abort
-still says where it happened.
-
-A :mod:`faulthandler` that was enabled before is enabled again afterwards on ``sys.stderr`` (the file it
-wrote to is not known). It knows file descriptors, not libraries; it is not thread-safe (other threads' standard error is caught
+still says where it happened (unless the caller had enabled it already: then its own file is left as it
+was, since the module cannot tell which file that is, and re-enabling it on ``sys.stderr`` fails where that
+has no file descriptor, as under pytest's capture). It knows file descriptors, not libraries; it is not thread-safe (other threads' standard error is caught
 too while the block runs, and written out after it).
 """
 
@@ -40,18 +39,18 @@ def captured_stderr() -> Iterator[list[str]]:
         with contextlib.suppress(Exception):
             stream.flush()
     saved = os.dup(2)
-    was_enabled = faulthandler.is_enabled()
+    ours = not faulthandler.is_enabled()  # one the caller set up (pytest, -X faulthandler) is left as it is
     with tempfile.TemporaryFile() as tmp, os.fdopen(os.dup(saved), "w") as real:
-        faulthandler.enable(file=real)
+        if ours:
+            faulthandler.enable(file=real)
         os.dup2(tmp.fileno(), 2)
         try:
             yield caught
         finally:
             os.dup2(saved, 2)
             os.close(saved)
-            faulthandler.disable()
-            if was_enabled:
-                faulthandler.enable()
+            if ours:
+                faulthandler.disable()
             tmp.seek(0)
             caught.append(tmp.read().decode("utf-8", "replace"))
 
