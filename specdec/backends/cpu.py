@@ -1,4 +1,5 @@
-"""CPU facts the backends need: how many physical cores this process may run on."""
+"""CPU facts the backends need: how many physical cores this process may run on, and which thread counts
+make sense here."""
 
 from __future__ import annotations
 
@@ -23,3 +24,22 @@ def physical_cores() -> int:
     except (OSError, ValueError):
         pass
     return len(cores) or (len(allowed) if allowed else os.cpu_count()) or 1
+
+
+THREADS_PER_CPU_MAX = 4
+"""Most compute threads per logical CPU that :func:`check_threads` allows: llama.cpp runs best with one
+thread per physical core, and far more only makes every call wait on the scheduler (20,000 threads on
+2 CPUs left a machine at a load average of 7,000)."""
+
+
+def check_threads(n_threads: int | None, name: str = "n_threads") -> None:
+    """Raise ValueError unless ``n_threads`` is None (the backend's default) or between 1 and
+    :data:`THREADS_PER_CPU_MAX` times this machine's logical CPUs; the message names ``name``."""
+    if n_threads is None:
+        return
+    cpus = os.cpu_count() or 1
+    if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
+        raise ValueError(f"{name} must be at least 1, got {n_threads!r}")
+    if n_threads > THREADS_PER_CPU_MAX * cpus:
+        raise ValueError(f"{name} {n_threads} is more than {THREADS_PER_CPU_MAX}x the {cpus} CPUs here; "
+                         f"one thread per physical core ({physical_cores()} here) runs fastest")

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from specdec.backends.base import BackendError, SequenceBook
+from specdec.backends.cpu import check_threads
 from specdec.backends.hf_cpu import prepack_linears
 from specdec.backends.hf_tokens import TokenTexts
 
@@ -65,6 +66,7 @@ class HFBackend(SequenceBook):
                  unused_token_ids: Sequence[int] = (), n_threads: int | None = None, prepack: bool = False):
         if n_ctx < 1 or n_seq_max < 1:
             raise ValueError(f"n_ctx and n_seq_max must be >= 1, got {n_ctx}, {n_seq_max}")
+        check_threads(n_threads)
         if n_threads:
             torch.set_num_threads(n_threads)
         self.prepacked = prepack and prepack_linears(model) > 0  # oneDNN-prepacked linear layers (hf_cpu)

@@ -33,7 +33,7 @@ from typing import Sequence
 import numpy as np
 
 from specdec.backends.base import BackendError, CacheFullError
-from specdec.backends.cpu import physical_cores
+from specdec.backends.cpu import check_threads, physical_cores
 from specdec.backends.gguf import GGUFBackend, check_cells
 from specdec.backends.native_stderr import captured_stderr, reason
 from specdec.models import check_gguf
@@ -267,8 +267,7 @@ class IkLlamaCppBackend(GGUFBackend):
         if n_ctx < 1 or n_batch < 1 or n_seq_max < 1:
             raise ValueError(f"n_ctx, n_batch and n_seq_max must be >= 1, got {n_ctx}, {n_batch}, {n_seq_max}")
         check_cells(n_ctx, n_seq_max, n_cells)
-        if n_threads is not None and n_threads < 1:
-            raise ValueError(f"n_threads (--threads) must be at least 1, got {n_threads}")
+        check_threads(n_threads)
         self._lib = lib = ik_library()
         self.path = path
         self.name = name or path.name.removesuffix(".gguf")

@@ -21,7 +21,7 @@ from pathlib import Path
 import llama_cpp as lc
 
 from specdec.backends.base import BackendError
-from specdec.backends.cpu import physical_cores
+from specdec.backends.cpu import check_threads, physical_cores
 from specdec.backends.gguf import GGUFBackend, check_cells
 from specdec.models import check_gguf
 
@@ -115,8 +115,7 @@ class LlamaCppBackend(GGUFBackend):
         self.n_ctx = n_ctx
         self.n_seq_max = n_seq_max
         self.n_batch = n_batch
-        if n_threads is not None and n_threads < 1:
-            raise ValueError(f"n_threads (--threads) must be at least 1, got {n_threads}")
+        check_threads(n_threads)
         self.n_threads = n_threads or physical_cores()
 
         self._model = lc.llama_model_load_from_file(str(path).encode(), model_params())

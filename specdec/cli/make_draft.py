@@ -24,6 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
+from specdec.backends.cpu import check_threads
+
 QUANT_TYPES = ("Q4_0", "Q3_K_S", "Q3_K_M", "Q2_K")
 """``--quantize`` choices: names of llama.cpp's ``LLAMA_FTYPE_MOSTLY_*`` file types."""
 
@@ -58,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("the output must differ from the model")
     if args.backend is not None and not (args.layers or "").startswith("search:"):
         raise ValueError("--backend applies to --layers search:N only (the other ways only write a file)")
+    if args.threads:  # 0: all cores
+        check_threads(args.threads, "--threads")
     with _atomic(out) as tmp:
         if args.quantize:
             quantize(src, tmp, args.quantize, args.threads)

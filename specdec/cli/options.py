@@ -140,5 +140,6 @@ def check_model_args(args: argparse.Namespace) -> None:
     """Validate the model options before anything is downloaded or loaded (raises ValueError)."""
     if args.n_ctx < 16:
         raise ValueError(f"--n-ctx must be at least 16, got {args.n_ctx}")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    from specdec.backends.cpu import check_threads
+
+    check_threads(args.threads, "--threads")

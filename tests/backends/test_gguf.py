@@ -1,6 +1,8 @@
 """The GGUF backends (llama.cpp, ik_llama.cpp: each test runs on both, see conftest.GGUF_BACKENDS) on tiny
 random-weight GGUF models: tokenizer, batched evaluation, rollback, errors."""
 
+import os
+
 import numpy as np
 import pytest
 from conftest import TINY_N_CTX, TINY_N_SEQ_MAX, tiny_backend
@@ -336,3 +338,10 @@ def test_llama_cpp_model_params_avoid_the_amx_buffer_where_the_cpu_has_amx(monke
     monkeypatch.setattr(llama_cpp, "has_amx", lambda: False)
     monkeypatch.delenv("SPECDEC_LLAMA_AMX")
     assert llama_cpp.model_params().use_extra_bufts is True
+
+
+def test_thread_counts_are_checked(tiny_target_path, gguf_backend):
+    """Zero, negative or far more threads than CPUs (each a thread the library would start) fail at once."""
+    for bad in (0, -1, 4 * (os.cpu_count() or 1) + 1):
+        with pytest.raises(ValueError, match=r"n_threads (must be at least 1|\d+ is more than 4x)"):
+            tiny_backend(tiny_target_path, gguf_backend, n_threads=bad)

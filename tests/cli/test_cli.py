@@ -83,6 +83,7 @@ def test_prompt_from_file_and_stdin(capsys, models, tmp_path, monkeypatch):
         (["hi", "--seed", "-1"], "--seed must"),
         (["hi", "--threads", "0"], "--threads"),
         (["hi", "--threads", "-1"], "--threads"),
+        (["hi", "--threads", "20000"], "--threads 20000 is more than 4x the"),
         (["hi", "--json", "--stream"], "--json"),
         (["hi", "--top-p", "0"], "--top-p must"),
         (["hi", "--top-p", "1.5"], "--top-p must"),
