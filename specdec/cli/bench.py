@@ -69,6 +69,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--device and --dtype apply to --backend hf")
     if args.backend and args.backends:
         raise ValueError("give --backend or --backends, not both")
+    if args.llama_server:
+        from specdec.bench.peer import find_llama_server
+
+        find_llama_server(args.llama_server)  # a path that is no program fails now, before models load
 
     cfg = BenchConfig(
         target=args.target, draft=tuple(args.draft) if args.draft else None, data_dir=args.data,

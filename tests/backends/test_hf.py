@@ -204,6 +204,17 @@ def test_bad_device_dtype_and_unreachable_hub(tmp_path, monkeypatch):
             resolve_checkpoint(missing, progress=False)
 
 
+@pytest.mark.parametrize("keep", [40, 3000, 0.5, -100], ids=["header", "metadata", "half", "nearly-all"])
+def test_cut_gguf_is_one_value_error(tmp_path, monkeypatch, tiny_target_path, keep):
+    """A GGUF cut anywhere fails as ValueError (the CLI's one line), not as the gguf reader's struct.error."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    data = tiny_target_path.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[:int(len(data) * keep) if isinstance(keep, float) else keep])
+    with pytest.raises(ValueError, match="transformers cannot load GGUF"):
+        HFBackend.load(str(cut), progress=False)
+
+
 def test_non_gguf_file_is_refused_before_any_message(tmp_path, capsys):
     notes = tmp_path / "notes.txt"
     notes.write_text("hello")

@@ -172,6 +172,8 @@ def test_real_data_files_load_when_present():
     (["bench", "--backend", "ik", "--backends", "llama.cpp"], "not both"),
     (["bench", "--out", __file__], "--out must be a folder"),
     (["bench", "--backend", "hf", "--out", __file__], "--out must be a folder"),
+    (["bench", "--llama-server", "/nonexistent/llama-server"], "/nonexistent/llama-server is not an executable"),
+    (["bench", "--llama-server", __file__], "is not an executable file"),  # never another binary instead
 ])
 def test_bench_cli_bad_input_is_one_line(capsys, argv, msg):
     assert main(argv) == 2

@@ -126,3 +126,12 @@ def test_in_process_closed_loop_serves_every_turn_with_the_answers_so_far(tiny_t
     assert run.tokens == expected and len(run.ttft) == 5 and run.ttft == sorted(run.ttft)
     assert 0 < run.ttft_quantile(0.5) <= run.ttft_quantile(0.9) <= run.wall
     assert run.tokens_per_second == pytest.approx(run.tokens / run.wall)
+
+
+def test_a_named_llama_server_that_is_no_program_fails_before_any_server_starts(capsys, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        serving.main(["--systems", "specdec:none,llama-server", "--llama-server", str(tmp_path / "nope"),
+                      "--out", str(tmp_path / "out")])
+    assert e.value.code == 2
+    assert "is not an executable file" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing started, nothing written
