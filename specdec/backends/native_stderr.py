@@ -8,8 +8,10 @@ call succeeded after all. If the library aborts the process inside the block, it
 file and be lost with it, so :mod:`faulthandler` is pointed at the real standard error meanwhile: an abort
 still says where it happened (unless the caller had enabled it already: then its own file is left as it
 was, since the module cannot tell which file that is, and re-enabling it on ``sys.stderr`` fails where that
-has no file descriptor, as under pytest's capture). It knows file descriptors, not libraries; it is not thread-safe (other threads' standard error is caught
-too while the block runs, and written out after it).
+has no file descriptor, as under pytest's capture).
+
+It knows file descriptors, not libraries. It is not thread-safe: other threads' standard error is caught
+too while the block runs.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def captured_stderr() -> Iterator[list[str]]:
         OSError: When file descriptor 2 cannot be duplicated or redirected (then nothing is redirected).
     """
     caught: list[str] = []
-    for stream in (sys.stderr, sys.__stderr__):  # Python's own buffered text first, so that it lands before
+    for stream in (sys.stderr, sys.__stderr__):  # Python's buffered text goes out first, not into the file
         with contextlib.suppress(Exception):
             stream.flush()
     saved = os.dup(2)
