@@ -117,6 +117,9 @@ def check_serve_args(args: argparse.Namespace) -> None:
     if not args.drain_timeout >= 0:  # NaN too
         raise ValueError(f"--drain-timeout must be 0 or more seconds, got {args.drain_timeout}")
     check_model_args(args)
+    from specdec.server.app import listen_socket
+
+    listen_socket(args.host, args.port).close()  # a bad --host or a busy port fails now, before the models load
     if not is_loopback(args.host) and api_key_of(args) is None:
         print(f"specdec: warning: serving on {args.host} without --api-key", file=sys.stderr)
 

@@ -287,6 +287,29 @@ async def _stream(choices: serving.Choices, req, chunk, prompts, spec, content, 
         choices.cancel()
 
 
+def listen_socket(host: str, port: int):
+    """A TCP socket bound to ``host:port`` and listening (SO_REUSEADDR, as uvicorn binds).
+
+    Raises:
+        ValueError: when the address cannot be bound (port in use, a host this machine has not, a name that
+            does not resolve), with the reason in one line.
+    """
+    import socket
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as e:
+        raise ValueError(f"cannot listen on {host}:{port}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
 def run_server(engine, config: ServerConfig, host: str = "127.0.0.1", port: int = 8000,
                drain_timeout: float | None = 120.0, log_level: str = "info") -> None:
     """Serve with uvicorn until SIGINT/SIGTERM; in-flight requests finish (up to ``drain_timeout``
@@ -301,7 +324,6 @@ def run_server(engine, config: ServerConfig, host: str = "127.0.0.1", port: int 
             (every request got an error; the caller should exit non-zero for a supervisor to restart it).
     """
     import signal
-    import socket
     import sys
     import threading
 
@@ -309,14 +331,7 @@ def run_server(engine, config: ServerConfig, host: str = "127.0.0.1", port: int 
 
     app = create_app(engine, config)
     dead: list[BaseException] = []
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(2048)
-    except OSError as e:
-        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock = listen_socket(host, port)
     bound = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=drain_timeout))
 

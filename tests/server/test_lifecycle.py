@@ -73,6 +73,10 @@ def test_sigterm_drains_in_flight_stream(tmp_path):
     (["--prefill-chunk-tokens", "-1"], "--prefill-chunk-tokens must be 0 or more"),
     (["-k", "99"], "num-speculative-tokens"),
     (["--port", "BUSY"], "cannot listen on 127.0.0.1:"),
+    (["--host", "999.1.1.1", "--api-key", "k"], "cannot listen on 999.1.1.1:"),
+    (["--host", "a" * 300, "--api-key", "k"], "label too long"),
+    # checked before the models load: a missing model is not what it reports
+    (["--port", "BUSY", "--target", "/nonexistent/model.gguf"], "cannot listen on 127.0.0.1:"),
 ])
 def test_serve_errors_are_one_line(tiny_target_path, tiny_draft_path, args, message):
     with socket.socket() as busy:
