@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import secrets
+import socket
 import time
 from dataclasses import dataclass
 from typing import AsyncIterator
@@ -287,15 +288,14 @@ async def _stream(choices: serving.Choices, req, chunk, prompts, spec, content, 
         choices.cancel()
 
 
-def listen_socket(host: str, port: int):
-    """A TCP socket bound to ``host:port`` and listening (SO_REUSEADDR, as uvicorn binds).
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` and listening (SO_REUSEADDR, as uvicorn binds); the caller closes
+    it (or hands it to uvicorn).
 
     Raises:
         ValueError: when the address cannot be bound (port in use, a host this machine has not, a name that
             does not resolve), with the reason in one line.
     """
-    import socket
-
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -309,6 +309,7 @@ def listen_socket(host: str, port: int):
         sock.close()
         raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     return sock
+
 
 def run_server(engine, config: ServerConfig, host: str = "127.0.0.1", port: int = 8000,
                drain_timeout: float | None = 120.0, log_level: str = "info") -> None:
