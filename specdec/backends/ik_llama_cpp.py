@@ -292,31 +292,36 @@ class IkLlamaCppBackend(GGUFBackend):
         self._check_training_context(n_ctx)
         self.recurrent = bool(lib.llama_model_is_recurrent(self._model))
 
+        self._side_ctx = None
+        self._side: int | None = None  # the sequence whose cells are in the side context
+        self.side_chunks = 0  # calls made in the side context (prompt chunks), for tests and diagnosis
+        self._open_contexts(n_cells, side_prefill)
+        self._batch = lib.llama_batch_init(max(n_batch, 2), 0, 1)
+        self._batch_live = True
+        self._init_gguf(lib.llama_vocab_n_tokens(self._vocab))
+
+    def _open_contexts(self, n_cells: int | None, side_prefill: bool) -> None:
+        """Create the context(s) the sequences live in (here: one main context, the side one later)."""
         # ik_llama.cpp's n_ctx is the whole KV cache, shared by all sequences: n_ctx * n_seq_max cells
         # unless told otherwise; SequenceBook enforces n_ctx per sequence.
-        n_cells = max(n_cells, n_ctx) if n_cells else n_ctx * n_seq_max
+        n_cells = max(n_cells, self.n_ctx) if n_cells else self.n_ctx * self.n_seq_max
         self._ctx = self._new_context(n_cells)
         if not self._ctx:
             self.close()
             raise BackendError(f"ik_llama.cpp could not create a context of {n_cells} KV cells")
-        assert lib.llama_n_ctx(self._ctx) >= n_cells, (lib.llama_n_ctx(self._ctx), n_cells)
-        self._batch = lib.llama_batch_init(n_batch, 0, 1)
-        self._batch_live = True
+        assert self._lib.llama_n_ctx(self._ctx) >= n_cells, (self._lib.llama_n_ctx(self._ctx), n_cells)
         self._holes = False  # cells freed below used ones since the last compaction (see _lib_decode)
         # The side context (see the class docstring): created at its first use (None until then).
         # _calls: the context that _lib_decode and _lib_logits address.
-        self.side_prefill = side_prefill and n_seq_max > 1 and not self.recurrent  # off: a failed creation too
-        self._side_ctx = None
-        self._side: int | None = None  # the sequence whose cells are in the side context
-        self.side_chunks = 0  # calls made in the side context (prompt chunks), for tests and diagnosis
+        self.side_prefill = side_prefill and self.n_seq_max > 1 and not self.recurrent  # off: a failed creation too
         self._calls = self._ctx
-        self._init_gguf(lib.llama_vocab_n_tokens(self._vocab))
 
-    def _new_context(self, n_cells: int):
-        """A llama_context on the model with ``n_cells`` KV cells and this backend's settings; NULL on failure."""
+    def _new_context(self, n_cells: int, n_seq_max: int | None = None):
+        """A llama_context on the model with ``n_cells`` KV cells for ``n_seq_max`` sequences (default: the
+        backend's) and this backend's settings; NULL on failure."""
         cparams = self._lib.llama_context_default_params()
         cparams.n_ctx = n_cells
-        cparams.n_seq_max = self.n_seq_max
+        cparams.n_seq_max = n_seq_max or self.n_seq_max
         cparams.n_batch = cparams.n_ubatch = self.n_batch  # one llama_decode = one micro-batch (see _lib_decode)
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
         cparams.flash_attn = self.flash_attn

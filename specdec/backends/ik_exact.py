@@ -1,0 +1,193 @@
+"""Batch-invariant scoring on ik_llama.cpp: a row's logits depend on its own sequence's tokens only.
+
+:class:`IkExactBackend` is the ik_llama.cpp backend of :mod:`specdec.backends.ik_llama_cpp` with the two
+things that made a row's logits depend on the shape of the call removed (measured on the pinned 0.1.5
+wheel, ``docs/bench/invariance/``):
+
+1. **Attention over other sequences' cells.** In one shared KV cache the cells of several sequences
+   interleave (a call's tokens take consecutive cells, whatever sequence each belongs to), so the
+   attention sums of a row run over its own cells at other offsets, with other sequences' masked cells in
+   between: another rounding. Here each sequence lives in a **context of its own** (a llama_context on the
+   same weights, one sequence, ``n_ctx + 1`` cells): its cell ``i`` always holds position ``i``, and a call
+   evaluates one sequence. A prefix is copied between contexts as serialized state (positions, not cells).
+2. **The one-row kernels.** ik's repacked ``Q4_K_R4`` matrix kernel takes another path for a single
+   activation row (``process_min_r4_b32`` sums the block minimums in another order when ``nrc_y == 1``,
+   ``ggml/src/iqk/iqk_gemm_kquants.cpp``); with two rows or more every row is computed alike (checked up
+   to 512). So no call here holds one token: a one-token call gets a second, padding token after it (a
+   copy, at the next position, removed again; causal attention keeps the first row blind to it), and a
+   call asks logits for at least two rows, because the last layer runs on the rows asked for only.
+
+The price: sequences are no longer batched into one forward pass (a server's clients take turns; on a
+2-core CPU batching several sequences bought little, ``docs/bench/serving-*``), a one-token decode costs a
+two-token call, and copying a prefix copies its KV cells (~0.1 ms a token of the 1.5B target). What it
+buys: the same token ids for the same request whatever the method, ``k``, the other requests, the prefix
+cache, the prefill chunk size or the thread count (``tests/test_same_output.py``).
+
+This module knows nothing about sampling or speculation; it is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Sequence
+
+import numpy as np
+
+from specdec.backends.base import BackendError, CacheFullError
+from specdec.backends.gguf import GGUFBackend
+from specdec.backends.ik_llama_cpp import IkLlamaCppBackend
+
+_ONLY = 0  # the id of the one sequence inside each context
+
+
+def exact_chunks(n_tokens: int, n_batch: int) -> list[tuple[int, int]]:
+    """Split ``n_tokens`` tokens into ``[lo, hi)`` calls of at most ``n_batch`` tokens, none of one token
+    unless ``n_tokens == 1`` (a lone last token borrows one from the call before it).
+
+    Raises:
+        ValueError: when ``n_batch < 2`` (every call must be able to hold two tokens).
+    """
+    if n_batch < 2:
+        raise ValueError(f"n_batch must be >= 2 for batch-invariant scoring, got {n_batch}")
+    bounds = [(lo, min(lo + n_batch, n_tokens)) for lo in range(0, n_tokens, n_batch)]
+    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
+        (lo, hi), (_, end) = bounds[-2], bounds[-1]
+        bounds[-2:] = [(lo, hi - 1), (hi - 1, end)]
+    return bounds
+
+
+class IkExactBackend(IkLlamaCppBackend):
+    """ik_llama.cpp with batch-invariant scoring (see the module docstring): one context per sequence,
+    every call at least two tokens and two logit rows.
+
+    Takes :class:`IkLlamaCppBackend`'s arguments (``n_cells`` and ``side_prefill`` are ignored: each
+    sequence has ``n_ctx + 1`` cells of its own, and no sequence ever attends over another's). Contexts are
+    created at a sequence id's first use and kept until :meth:`close`.
+
+    Raises:
+        ValueError: when ``n_batch < 2``; and as :class:`IkLlamaCppBackend`.
+    """
+
+    numerics = "exact"
+
+    def __init__(self, *args, **kwargs):
+        n_batch = kwargs.get("n_batch", args[4] if len(args) > 4 else 512)
+        if n_batch < 2:
+            raise ValueError(f"n_batch must be >= 2 for batch-invariant scoring, got {n_batch}")
+        super().__init__(*args, **kwargs)
+
+    def _open_contexts(self, n_cells: int | None, side_prefill: bool) -> None:
+        self._ctx = None
+        self._ctxs: dict[int, int] = {}  # sequence id -> its llama_context (a pointer)
+        self._holes = False
+        self.side_prefill = False
+        self._calls = None
+
+    def _context(self, seq_id: int) -> int:
+        """The sequence's context, created at its first use.
+
+        Raises:
+            BackendError: when ik_llama.cpp cannot create it (out of memory).
+        """
+        ctx = self._ctxs.get(seq_id)
+        if ctx is None:
+            ctx = self._new_context(self.n_ctx + 1, n_seq_max=1)  # + 1: the padding token of a full sequence
+            if not ctx:
+                raise BackendError(f"ik_llama.cpp could not create a context of {self.n_ctx + 1} KV cells "
+                                   f"for sequence {seq_id} of {self.name}")
+            self._ctxs[seq_id] = ctx
+        return ctx
+
+    def _holder(self, seq_id: int):
+        return self._context(seq_id)
+
+    # -- the sequence calls ------------------------------------------------------------------------
+
+    def _drop(self, seq_id: int, n_tokens: int) -> bool:
+        ctx = self._ctxs.get(seq_id)
+        if ctx is None:
+            return True  # never evaluated: holds nothing
+        if n_tokens == 0:
+            return bool(self._lib.llama_kv_cache_seq_rm(ctx, -1, 0, -1))
+        return bool(self._lib.llama_kv_cache_seq_rm(ctx, _ONLY, n_tokens, -1))
+
+    def _copy(self, src: int, dst: int, n_tokens: int) -> bool:
+        # Contexts share no cells: the prefix moves as serialized state, which the empty destination
+        # lays out from cell 0 up, in position order, as if it had evaluated the tokens itself.
+        if self.recurrent:
+            return False
+        state = GGUFBackend._save(self, src)
+        if state is None or not GGUFBackend._load(self, dst, state):
+            self._drop(dst, 0)
+            return False
+        return self._drop(dst, n_tokens)
+
+    def _load(self, seq_id: int, state: bytearray) -> bool:
+        self._drop(seq_id, 0)
+        return GGUFBackend._load(self, seq_id, state)
+
+    def _lib_state_size(self, seq_id: int) -> int:
+        return self._lib.llama_state_seq_get_size(self._context(seq_id), _ONLY, 0)
+
+    def _lib_state_get(self, seq_id: int, buf, size: int) -> int:
+        return self._lib.llama_state_seq_get_data(self._context(seq_id), buf, size, _ONLY, 0)
+
+    def _lib_state_set(self, seq_id: int, buf, size: int) -> int:
+        return self._lib.llama_state_seq_set_data(self._context(seq_id), buf, size, _ONLY, 0)
+
+    def _compact(self) -> None:
+        pass  # a context holds one sequence, truncated from its end only: never a hole
+
+    # -- evaluation --------------------------------------------------------------------------------
+
+    def _forward(self, batch: dict[int, tuple[Sequence[int], int]]) -> dict[int, np.ndarray]:
+        # One sequence a call: in its own context it attends over its own cells only.
+        return {seq_id: self._forward_one(seq_id, list(tokens), n_logits)
+                for seq_id, (tokens, n_logits) in batch.items()}
+
+    def _forward_one(self, seq_id: int, tokens: list[int], n_logits: int) -> np.ndarray:
+        """Evaluate one sequence's tokens in calls of two tokens or more; ``[n_logits, n_vocab] float32``."""
+        self._calls = ctx = self._context(seq_id)
+        start, n = self._lengths[seq_id], len(tokens)
+        out = np.empty((n_logits, self.n_vocab), np.float32)
+        first = n - n_logits  # the first row whose logits are wanted
+        for lo, hi in exact_chunks(n, self.n_batch):
+            toks, poss = tokens[lo:hi], list(range(start + lo, start + hi))
+            padded = hi - lo == 1
+            if padded:  # a padding token after it, removed below; the real row cannot see it
+                toks, poss = toks * 2, [poss[0], poss[0] + 1]
+            wanted = max(0, hi - max(lo, first))  # rows of this call whose logits are wanted (its last ones)
+            asked = len(toks) - (max(wanted, 2) if wanted else 0)  # at least two rows when any
+            self._decode_exact(seq_id, toks, poss, [False] * asked + [True] * (len(toks) - asked))
+            for j in range(wanted):  # rows lo+.. of the call; the library numbers the asked rows from 0
+                row = self._lib.llama_get_logits_ith(ctx, hi - lo - wanted + j)
+                if not row:
+                    raise BackendError(f"{self.name}: the library returned no logits for sequence {seq_id}")
+                ctypes.memmove(out[max(lo, first) - first + j].ctypes.data, row, 4 * self.n_vocab)
+            self._lengths[seq_id] = start + hi
+            if padded:
+                self._lib.llama_kv_cache_seq_rm(ctx, _ONLY, start + hi, -1)
+        return out
+
+    def _decode_exact(self, seq_id: int, toks: list[int], poss: list[int], outs: list[bool]) -> None:
+        """Fill the llama_batch with one call of the sequence (id 0 in its context) and decode it."""
+        n = len(toks)
+        b = self._batch
+        np.ctypeslib.as_array(b.token, shape=(n,))[:] = toks
+        np.ctypeslib.as_array(b.pos, shape=(n,))[:] = poss
+        np.ctypeslib.as_array(b.n_seq_id, shape=(n,))[:] = 1
+        np.ctypeslib.as_array(b.logits, shape=(n,))[:] = outs
+        for i in range(n):
+            b.seq_id[i][0] = _ONLY
+        b.n_tokens = n
+        rc = self._lib.llama_decode(self._calls, b)
+        if rc == 1:
+            raise CacheFullError(f"the KV cache of sequence {seq_id} of {self.name} is full ({n} tokens)")
+        if rc != 0:
+            raise BackendError(f"llama_decode failed with code {rc} ({n} tokens, sequence {seq_id})")
+
+    def _lib_free(self) -> None:
+        for ctx in getattr(self, "_ctxs", {}).values():
+            self._lib.llama_free(ctx)
+        self._ctxs = {}
+        super()._lib_free()
