@@ -25,6 +25,7 @@ def load_engine(
     device: str | None = None,
     dtype: str | None = None,
     kv_cells: int | None = None,
+    numerics: str | None = None,
 ) -> Engine:
     """Load the target (and, unless ``spec.method`` is ngram/none, the drafts) with llama.cpp or transformers.
 
@@ -47,6 +48,11 @@ def load_engine(
         kv_cells: KV cells per model shared by all sequences (GGUF backends only; default
             ``n_ctx * n_seq_max``): a server keeps more sequences (parked prefixes, alternative
             candidates) than full-length ones.
+        numerics: ``"exact"``: batch-invariant target scoring, the same token ids for a greedy or seeded
+            request whatever the method, k, the other requests, the prefix cache, the prefill chunks or
+            the thread count (ik_llama.cpp; :mod:`specdec.backends.ik_exact`); ``"fast"``: the target's
+            sequences share forward passes and a one-token call takes the one-row kernels, which changes a
+            row's rounding with the call's shape; default: :func:`default_numerics`.
 
     Raises:
         FileNotFoundError, ValueError: bad paths, non-GGUF files, mismatched vocabularies, an unknown
@@ -59,6 +65,7 @@ def load_engine(
     drafts = [draft] if isinstance(draft, str) else list(draft or ())
     target, first = model_names(target, drafts[0] if drafts else None, spec.method)
     drafts = drafts or ([] if first is None else [first])
+    numerics = check_numerics(numerics, backend)
     load = _backend_loader(backend, device, dtype, n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=n_threads,
                            progress=progress, n_cells=kv_cells)
     if backend in GGUF_BACKENDS:  # fetch every missing file first, so one error names them all
@@ -66,7 +73,7 @@ def load_engine(
 
         paths = resolve_models([target, *drafts], progress=progress)
         target, drafts = str(paths[0]), [str(p) for p in paths[1:]]
-    backends = [load(target)]
+    backends = [load(target, numerics == "exact")]  # the drafts' rounding changes speed, never the output
     try:
         backends += [load(d) for d in drafts]
         return Engine(backends[0], backends[1:] or None, spec)
@@ -76,7 +83,33 @@ def load_engine(
         raise
 
 
-def one_request_layout(spec: SpecConfig, backend: str | None, n_ctx: int) -> tuple[int, int | None]:
+NUMERICS = ("exact", "fast")
+"""Names accepted by ``load_engine(numerics=...)`` and ``--numerics``."""
+
+
+def default_numerics(backend: str | None) -> str:
+    """``"exact"`` where the backend scores batch-invariantly (ik_llama.cpp), ``"fast"`` elsewhere."""
+    return "exact" if backend_name(backend) == "ik_llama.cpp" else "fast"
+
+
+def check_numerics(numerics: str | None, backend: str | None) -> str:
+    """The numerics to load ``backend`` with: ``numerics``, or the backend's default when None.
+
+    Raises:
+        ValueError: for an unknown name, or ``"exact"`` on a backend that cannot score batch-invariantly.
+    """
+    if numerics is None:
+        return default_numerics(backend)
+    if numerics not in NUMERICS:
+        raise ValueError(f"numerics must be one of {', '.join(NUMERICS)}, got {numerics!r}")
+    if numerics == "exact" and default_numerics(backend) != "exact":
+        raise ValueError(f"batch-invariant (exact) scoring is implemented on the ik_llama.cpp backend only, not on "
+                         f"{backend_name(backend)}: use numerics 'fast' there")
+    return numerics
+
+
+def one_request_layout(spec: SpecConfig, backend: str | None, n_ctx: int,
+                       numerics: str | None = None) -> tuple[int, int | None]:
     """``(n_seq_max, kv_cells)`` of an engine that runs one request at a time (``generate``, ``bench``): one
     sequence, plus one for each alternative candidate of a token tree the method may score (``auto``'s
     trees, :data:`~specdec.proposers.hybrid.TREE_ALTERNATIVES`; ``suffix``'s ``suffix_alternatives``), each
@@ -91,7 +124,8 @@ def one_request_layout(spec: SpecConfig, backend: str | None, n_ctx: int) -> tup
     from specdec.proposers.hybrid import TREE_ALTERNATIVES
 
     extra = spec.suffix_alternatives if spec.method in ("suffix", "auto") else 0
-    if spec.method == "auto" and backend_name(backend) == "ik_llama.cpp":
+    if spec.method == "auto" and backend_name(backend) == "ik_llama.cpp" \
+            and check_numerics(numerics, backend) == "fast":  # exact: a branch copies the context (no trees)
         extra = max(extra, TREE_ALTERNATIVES)
     if not extra:
         return 1, None
@@ -178,14 +212,22 @@ def _backend_loader(backend: str, device: str | None, dtype: str | None, **kwarg
         else:
             from specdec.backends.ik_llama_cpp import IkLlamaCppBackend as cls
         progress = kwargs.pop("progress")
-        return lambda name: cls(resolve_model(name, progress=progress), **kwargs)
+
+        def load(name: str, exact: bool = False):
+            if exact:
+                from specdec.backends.ik_exact import IkExactBackend
+
+                return IkExactBackend(resolve_model(name, progress=progress), **kwargs)
+            return cls(resolve_model(name, progress=progress), **kwargs)
+
+        return load
     kwargs.pop("n_cells")
     try:  # hf_loading too: it imports transformers, which HFBackend itself only imports when it loads
         from specdec.backends import hf_loading  # noqa: F401
         from specdec.backends.hf import HFBackend
     except ImportError as e:
         raise ValueError(f"--backend hf needs transformers and torch: pip install 'specdec-engine[hf]' ({e})") from e
-    return lambda name: HFBackend.load(name, device=device or "cpu", dtype=dtype or "float32", **kwargs)
+    return lambda name, exact=False: HFBackend.load(name, device=device or "cpu", dtype=dtype or "float32", **kwargs)
 
 
 @functools.lru_cache(maxsize=2)

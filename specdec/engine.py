@@ -217,9 +217,12 @@ class Engine:
         if proposer is None:
             self.check_spec(spec)
         target = self.target
+        # a token tree's branches need sequences that share the context's cells: not where each sequence has
+        # a context of its own (exact numerics), where a branch would copy the whole context every step
+        trees = target.numerics != "exact"
         context = ProposerContext(drafts=self.drafts, vocab_size=self.info.vocab_size, cost=self.cost,
                                   suffix_cache=self.suffix_cache,
-                                  free_sequences=lambda: getattr(target, "free_sequences", 0))
+                                  free_sequences=lambda: getattr(target, "free_sequences", 0) if trees else 0)
         return new_request(self.info, self.target, prompt_ids, params, spec, context, proposer)
 
     def step(self, requests: Sequence[Request], prefill_chunk: int | None = None):

@@ -39,6 +39,9 @@ class Backend(Protocol):
         n_seq_max: Sequences that can exist at once.
         eog_ids: Token ids that end generation (for example ``<|im_end|>``, ``<|endoftext|>``).
         name: A short human-readable model name.
+        numerics: ``"exact"`` when a row's logits depend on its own sequence's tokens only, whatever else
+            the call holds and however it is split (batch-invariant scoring, :mod:`specdec.backends.ik_exact`);
+            ``"fast"`` when they may change with the call's shape.
     """
 
     n_vocab: int
@@ -46,6 +49,7 @@ class Backend(Protocol):
     n_seq_max: int
     eog_ids: frozenset[int]
     name: str
+    numerics: str
 
     def new_sequence(self) -> int:
         """Reserve an empty sequence and return its id. Raises BackendError when none is free."""
@@ -113,6 +117,7 @@ class SequenceBook:
     n_ctx: int
     n_seq_max: int
     name: str
+    numerics = "fast"  # see Backend.numerics
 
     def _init_book(self) -> None:
         self.closed = False  # set by the backend's close(): every later call raises BackendError

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec.api import BACKEND_ALIASES, BACKENDS
+from specdec.api import BACKEND_ALIASES, BACKENDS, NUMERICS
 from specdec.params import SamplingParams, SpecConfig, default_k, method_names, verifier_names
 
 
@@ -36,6 +36,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="inference library: llama.cpp (GGUF, llama-cpp-python), ik_llama.cpp or ik (GGUF, faster CPU "
                         "kernels) or hf (transformers/PyTorch; HF folders, hub names, GGUF dequantized once) "
                         "(default: ik_llama.cpp where ik-llama-cpp-python is installed, else llama.cpp)")
+    p.add_argument("--numerics", choices=list(NUMERICS), default=None,
+                   help="exact: batch-invariant target scoring, the same tokens for a greedy or seeded request "
+                        "whatever the method, k, other requests, prefix cache, chunks or threads (ik_llama.cpp); "
+                        "fast: sequences share forward passes and one-token calls use the one-row kernels, which "
+                        "can change a near-tie token (default: exact on ik_llama.cpp, fast elsewhere)")
     p.add_argument("--device", default=None, help="hf backend: cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="hf backend: weight dtype (default float32)")
@@ -113,7 +118,8 @@ def load_engine_from_args(args: argparse.Namespace, spec: SpecConfig, n_seq_max:
 
     check_model_args(args)
     return load_engine(args.target, args.draft, spec, n_ctx=args.n_ctx, n_seq_max=n_seq_max, n_threads=args.threads,
-                       backend=args.backend, device=args.device, dtype=args.dtype, **kwargs)
+                       backend=args.backend, device=args.device, dtype=args.dtype, numerics=args.numerics,
+                       **kwargs)
 
 
 def read_prompt(args: argparse.Namespace) -> str:
