@@ -60,9 +60,14 @@ class IkExactBackend(IkLlamaCppBackend):
     """ik_llama.cpp with batch-invariant scoring (see the module docstring): one context per sequence,
     every call at least two tokens and two logit rows.
 
-    Takes :class:`IkLlamaCppBackend`'s arguments (``n_cells`` and ``side_prefill`` are ignored: each
-    sequence has ``n_ctx + 1`` cells of its own, and no sequence ever attends over another's). Contexts are
-    created at a sequence id's first use and kept until :meth:`close`.
+    Takes :class:`IkLlamaCppBackend`'s arguments. ``n_cells`` bounds the contexts (``n_cells // n_ctx`` of
+    them, at most ``n_seq_max``; default one per sequence id): more sequence ids than contexts is fine as
+    long as no more sequences than contexts hold tokens at once (a call for one more raises
+    :class:`~specdec.backends.base.CacheFullError`; a prefix copy into it returns False). ``side_prefill``
+    is ignored: no sequence ever attends over another's.
+
+    Attributes:
+        n_contexts: The contexts created at load.
 
     Raises:
         ValueError: when ``n_batch < 2``; and as :class:`IkLlamaCppBackend`.
@@ -77,29 +82,48 @@ class IkExactBackend(IkLlamaCppBackend):
         super().__init__(*args, **kwargs)
 
     def _open_contexts(self, n_cells: int | None, side_prefill: bool) -> None:
+        # A pool of contexts of n_ctx + 1 cells each (+ 1: the padding token of a full sequence), as many as
+        # n_cells allows (default: one per sequence id), created now: creating one costs ~0.25 s at 4096
+        # cells (its KV cache and its attention buffers for a full-length prompt chunk), which would
+        # otherwise land in a request's time to first token. A sequence takes one at its first evaluation
+        # and gives it back when freed.
         self._ctx = None
-        self._ctxs: dict[int, int] = {}  # sequence id -> its llama_context (a pointer)
         self._holes = False
         self.side_prefill = False
         self._calls = None
+        self._ctxs: dict[int, int] = {}  # sequence id -> its context (a llama_context pointer)
+        self._pool: list[int] = []  # contexts holding no sequence, empty
+        count = min(self.n_seq_max, max(1, n_cells // self.n_ctx)) if n_cells else self.n_seq_max
+        for _ in range(count):
+            ctx = self._new_context(self.n_ctx + 1, n_seq_max=1)
+            if not ctx:
+                self.close()
+                raise BackendError(f"ik_llama.cpp could not create a context of {self.n_ctx + 1} KV cells "
+                                   f"(context {len(self._pool) + 1} of {count} for {self.path.name})")
+            self._pool.append(ctx)
+        self.n_contexts = count
 
     def _context(self, seq_id: int) -> int:
-        """The sequence's context, created at its first use.
+        """The sequence's context; a free one from the pool at its first use.
 
         Raises:
-            BackendError: when ik_llama.cpp cannot create it (out of memory).
+            CacheFullError: when every context holds another sequence.
         """
         ctx = self._ctxs.get(seq_id)
         if ctx is None:
-            ctx = self._new_context(self.n_ctx + 1, n_seq_max=1)  # + 1: the padding token of a full sequence
-            if not ctx:
-                raise BackendError(f"ik_llama.cpp could not create a context of {self.n_ctx + 1} KV cells "
-                                   f"for sequence {seq_id} of {self.name}")
-            self._ctxs[seq_id] = ctx
+            if not self._pool:
+                raise CacheFullError(f"all {self.n_contexts} contexts of {self.name} hold sequences")
+            ctx = self._ctxs[seq_id] = self._pool.pop()
         return ctx
 
     def _holder(self, seq_id: int):
         return self._context(seq_id)
+
+    def _reset(self, seq_id: int) -> None:
+        ctx = self._ctxs.pop(seq_id, None)
+        if ctx is not None:  # emptied, back to the pool
+            self._lib.llama_kv_cache_seq_rm(ctx, -1, 0, -1)
+            self._pool.append(ctx)
 
     # -- the sequence calls ------------------------------------------------------------------------
 
@@ -116,8 +140,12 @@ class IkExactBackend(IkLlamaCppBackend):
         # lays out from cell 0 up, in position order, as if it had evaluated the tokens itself.
         if self.recurrent:
             return False
-        state = GGUFBackend._save(self, src)
-        if state is None or not GGUFBackend._load(self, dst, state):
+        try:
+            state = GGUFBackend._save(self, src)
+            loaded = state is not None and GGUFBackend._load(self, dst, state)
+        except CacheFullError:  # no context free for dst
+            return False
+        if not loaded:
             self._drop(dst, 0)
             return False
         return self._drop(dst, n_tokens)
@@ -187,7 +215,7 @@ class IkExactBackend(IkLlamaCppBackend):
             raise BackendError(f"llama_decode failed with code {rc} ({n} tokens, sequence {seq_id})")
 
     def _lib_free(self) -> None:
-        for ctx in getattr(self, "_ctxs", {}).values():
+        for ctx in [*getattr(self, "_ctxs", {}).values(), *getattr(self, "_pool", ())]:
             self._lib.llama_free(ctx)
-        self._ctxs = {}
+        self._ctxs, self._pool = {}, []
         super()._lib_free()
