@@ -39,16 +39,19 @@ from specdec.backends.ik_llama_cpp import IkLlamaCppBackend
 
 _ONLY = 0  # the id of the one sequence inside each context
 
+MIN_BATCH = 3
+"""Fewest tokens per call (``n_batch``) of :class:`IkExactBackend`: see :func:`exact_chunks`."""
+
 
 def exact_chunks(n_tokens: int, n_batch: int) -> list[tuple[int, int]]:
     """Split ``n_tokens`` tokens into ``[lo, hi)`` calls of at most ``n_batch`` tokens, none of one token
     unless ``n_tokens == 1`` (a lone last token borrows one from the call before it).
 
     Raises:
-        ValueError: when ``n_batch < 2`` (every call must be able to hold two tokens).
+        ValueError: when ``n_batch < 3`` (below it an odd count cannot be split into calls of two or more).
     """
-    if n_batch < 2:
-        raise ValueError(f"n_batch must be >= 2 for batch-invariant scoring, got {n_batch}")
+    if n_batch < MIN_BATCH:
+        raise ValueError(f"n_batch must be >= {MIN_BATCH} for batch-invariant scoring, got {n_batch}")
     bounds = [(lo, min(lo + n_batch, n_tokens)) for lo in range(0, n_tokens, n_batch)]
     if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
         (lo, hi), (_, end) = bounds[-2], bounds[-1]
@@ -70,15 +73,15 @@ class IkExactBackend(IkLlamaCppBackend):
         n_contexts: The contexts created at load.
 
     Raises:
-        ValueError: when ``n_batch < 2``; and as :class:`IkLlamaCppBackend`.
+        ValueError: when ``n_batch < 3``; and as :class:`IkLlamaCppBackend`.
     """
 
     numerics = "exact"
 
     def __init__(self, *args, **kwargs):
         n_batch = kwargs.get("n_batch", args[4] if len(args) > 4 else 512)
-        if n_batch < 2:
-            raise ValueError(f"n_batch must be >= 2 for batch-invariant scoring, got {n_batch}")
+        if n_batch < MIN_BATCH:
+            raise ValueError(f"n_batch must be >= {MIN_BATCH} for batch-invariant scoring, got {n_batch}")
         super().__init__(*args, **kwargs)
 
     def _open_contexts(self, n_cells: int | None, side_prefill: bool) -> None:

@@ -296,7 +296,7 @@ class IkLlamaCppBackend(GGUFBackend):
         self._side: int | None = None  # the sequence whose cells are in the side context
         self.side_chunks = 0  # calls made in the side context (prompt chunks), for tests and diagnosis
         self._open_contexts(n_cells, side_prefill)
-        self._batch = lib.llama_batch_init(max(n_batch, 2), 0, 1)
+        self._batch = lib.llama_batch_init(n_batch, 0, 1)
         self._batch_live = True
         self._init_gguf(lib.llama_vocab_n_tokens(self._vocab))
 
