@@ -168,8 +168,7 @@ def test_seeded_samples_stay_distinct_and_equal_plain(engine):
 # -- the real default pair --------------------------------------------------------------------------------
 
 REAL_PROMPTS = ["Write a haiku about speculative decoding.",
-                "Write a Python function that merges two sorted lists.",
-                "Name three colours and say why you like each."]
+                "Write a Python function that merges two sorted lists."]
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +184,7 @@ def real_engine():
 @pytest.mark.real
 def test_real_pair_same_output(real_engine):
     e = real_engine
-    short_g, short_s = GREEDY.replace(max_tokens=48), SEEDED.replace(max_tokens=48)
+    short_g, short_s = GREEDY.replace(max_tokens=40), SEEDED.replace(max_tokens=40)
     ref = {(i, n): e.generate(p, prm, PLAIN).token_ids
            for i, p in enumerate(REAL_PROMPTS) for n, prm in (("greedy", short_g), ("seeded", short_s))}
     for spec in (SpecConfig(method="auto"), SpecConfig(method="draft", num_speculative_tokens=4),
@@ -197,8 +196,8 @@ def test_real_pair_same_output(real_engine):
     e.enable_prefix_cache(4, 20_000)
     requests = [(REAL_PROMPTS[0], short_g, SpecConfig(method="auto")), (REAL_PROMPTS[1], short_s, PLAIN),
                 (REAL_PROMPTS[0], short_g, SpecConfig(method="draft", num_speculative_tokens=3)),
-                (REAL_PROMPTS[2], short_g, SpecConfig(method="auto"))]
-    want = [ref[0, "greedy"], ref[1, "seeded"], ref[0, "greedy"], ref[2, "greedy"]]
+                (REAL_PROMPTS[1], short_g, SpecConfig(method="auto"))]
+    want = [ref[0, "greedy"], ref[1, "seeded"], ref[0, "greedy"], ref[1, "greedy"]]
     assert run_batch(e, requests) == want
     assert run_batch(e, requests, prefill_chunk_tokens=7) == want
 

@@ -111,13 +111,15 @@ def spec_from_args(args: argparse.Namespace) -> SpecConfig:
                       suffix_alternatives=args.suffix_alternatives, cascade=args.cascade)
 
 
-def load_engine_from_args(args: argparse.Namespace, spec: SpecConfig, n_seq_max: int = 4, **kwargs):
+def load_engine_from_args(args: argparse.Namespace, spec: SpecConfig, n_seq_max: int = 4,
+                          threads_override: int | None = None, **kwargs):
     """Load the engine the model options describe (checked first, before anything is downloaded);
-    ``kwargs`` go to :func:`specdec.api.load_engine`."""
+    ``threads_override`` replaces ``--threads``; ``kwargs`` go to :func:`specdec.api.load_engine`."""
     from specdec.api import load_engine
 
     check_model_args(args)
-    return load_engine(args.target, args.draft, spec, n_ctx=args.n_ctx, n_seq_max=n_seq_max, n_threads=args.threads,
+    return load_engine(args.target, args.draft, spec, n_ctx=args.n_ctx, n_seq_max=n_seq_max,
+                       n_threads=threads_override or args.threads,
                        backend=args.backend, device=args.device, dtype=args.dtype, numerics=args.numerics,
                        **kwargs)
 
