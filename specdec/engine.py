@@ -87,8 +87,9 @@ class Engine:
 
     @property
     def capacity(self) -> int:
-        """Requests the backends can hold at once (one target sequence and one per draft model each)."""
-        return min(getattr(b, "n_seq_max", 1) for b in (self.target, *self.drafts))
+        """Requests the backends can hold at once (one target sequence and one per draft model each; with
+        exact numerics, one target context each)."""
+        return min(min(getattr(b, "n_seq_max", 1), getattr(b, "n_contexts", 1 << 30)) for b in (self.target, *self.drafts))
 
     def enable_prefix_cache(self, max_sequences: int, max_tokens: int) -> None:
         """Keep finished requests' KV (target and drafts) as prefixes for later requests: up to
