@@ -234,3 +234,54 @@ def test_real_pair_rows_exact_where_shared_context_is_not():
             assert same == invariant, cls.__name__
         finally:
             b.close()
+
+
+def test_server_same_request_same_text(tiny_target_path, tiny_draft_path):
+    """The same chat request to the server, alone (cache cold), again (its prefix cached) and four at once
+    (two the same, other requests beside): one text for temperature 0 and one for a seed; ``n=2`` seeded
+    choices stay distinct and equal the same samples decoded without speculation."""
+    import openai
+    from server_helpers import LiveServer
+
+    e = tiny_exact_engine(tiny_target_path, [tiny_draft_path])
+    try:
+        with LiveServer(e, max_running=4, prefix_cache_tokens=4096) as srv:
+            client = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0, timeout=120)
+
+            def ask(content, **kw):
+                r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}],
+                                                   max_tokens=32, **kw)
+                return [c.message.content for c in r.choices]
+
+            for kw in ({"temperature": 0}, {"temperature": 1.0, "seed": 11}):
+                first, again = ask(PROMPTS[4], **kw), ask(PROMPTS[4], **kw)
+                assert first == again
+                together = run_threads([lambda: ask(PROMPTS[4], **kw), lambda: ask(PROMPTS[0], **kw),
+                                        lambda: ask(PROMPTS[4], **kw), lambda: ask(PROMPTS[5], **kw)])
+                assert together[0] == together[2] == first
+                assert together[1] == ask(PROMPTS[0], **kw) and together[3] == ask(PROMPTS[5], **kw)
+                plain = ask(PROMPTS[4], extra_body={"speculative": {"method": "none"}}, **kw)
+                assert plain == first
+            two = ask(PROMPTS[2], temperature=1.0, seed=5, n=2)
+            assert len(set(two)) == 2
+            assert two == ask(PROMPTS[2], temperature=1.0, seed=5, n=2, extra_body={"speculative": {"method": "none"}})
+    finally:
+        close(e)
+
+
+def run_threads(fns):
+    out, errors = [None] * len(fns), []
+
+    def run(j):
+        try:
+            out[j] = fns[j]()
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(j,)) for j in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return out
