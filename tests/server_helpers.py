@@ -108,3 +108,29 @@ def no_leaked_sequences(engine: Engine):
     finishing, so wait a little)."""
     yield
     wait_until(lambda: not engine.target.busy_sequences and not engine.draft.busy_sequences, 30, "sequences to be freed")
+
+
+def run_batch(engine, requests, **scheduler_kw):
+    """Run ``(prompt, params, spec)`` requests at once through a Scheduler; their token ids, in order."""
+    from specdec.scheduler import Scheduler
+
+    sched = Scheduler(engine, max_running=len(requests), **scheduler_kw)
+    out, errors = [None] * len(requests), []
+
+    def run(j):
+        prompt, params, spec = requests[j]
+        try:
+            out[j] = [t for c in sched.stream(engine.encode_prompt(prompt), params, spec) for t in c.token_ids]
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(j,)) for j in range(len(requests))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+    finally:
+        sched.close()
+    assert not errors, errors
+    return out

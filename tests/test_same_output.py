@@ -14,11 +14,10 @@ import threading
 
 import pytest
 from conftest import IK
-from server_helpers import PROMPTS
+from server_helpers import PROMPTS, run_batch
 
 from specdec.engine import Engine
 from specdec.params import SamplingParams, SpecConfig
-from specdec.scheduler import Scheduler
 
 pytestmark = pytest.mark.skipif(not IK, reason="ik-llama-cpp-python==0.1.5 is not installed (Linux x86_64 only)")
 
@@ -79,30 +78,6 @@ def params_of(name):
 def test_any_method_and_k(engine, reference, spec, name):
     for i, prompt in enumerate(PROMPTS):
         assert engine.generate(prompt, params_of(name), spec).token_ids == reference[i, name], (i, spec)
-
-
-def run_batch(engine, requests, **scheduler_kw):
-    """Run ``(prompt, params, spec)`` requests at once through a Scheduler; their token ids, in order."""
-    sched = Scheduler(engine, max_running=len(requests), **scheduler_kw)
-    out, errors = [None] * len(requests), []
-
-    def run(j):
-        prompt, params, spec = requests[j]
-        try:
-            out[j] = [t for c in sched.stream(engine.encode_prompt(prompt), params, spec) for t in c.token_ids]
-        except Exception as e:  # surfaced below
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(j,)) for j in range(len(requests))]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(300)
-    finally:
-        sched.close()
-    assert not errors, errors
-    return out
 
 
 @pytest.mark.parametrize("n", [1, 2, 4, 7])

@@ -189,8 +189,9 @@ class IkExactBackend(IkLlamaCppBackend):
                 toks, poss = toks * 2, [poss[0], poss[0] + 1]
             wanted = max(0, hi - max(lo, first))  # rows of this call whose logits are wanted (its last ones)
             asked = len(toks) - (max(wanted, 2) if wanted else 0)  # at least two rows when any
-            self._decode_exact(seq_id, toks, poss, [False] * asked + [True] * (len(toks) - asked))
-            for j in range(wanted):  # rows lo+.. of the call; the library numbers the asked rows from 0
+            # the sequence is id 0 in its context (error messages name that id)
+            self._decode(toks, [_ONLY] * len(toks), poss, [False] * asked + [True] * (len(toks) - asked))
+            for j in range(wanted):  # the wanted rows are the call's last real ones (batch indices)
                 row = self._lib.llama_get_logits_ith(ctx, hi - lo - wanted + j)
                 if not row:
                     raise BackendError(f"{self.name}: the library returned no logits for sequence {seq_id}")
@@ -200,22 +201,8 @@ class IkExactBackend(IkLlamaCppBackend):
                 self._lib.llama_kv_cache_seq_rm(ctx, _ONLY, start + hi, -1)
         return out
 
-    def _decode_exact(self, seq_id: int, toks: list[int], poss: list[int], outs: list[bool]) -> None:
-        """Fill the llama_batch with one call of the sequence (id 0 in its context) and decode it."""
-        n = len(toks)
-        b = self._batch
-        np.ctypeslib.as_array(b.token, shape=(n,))[:] = toks
-        np.ctypeslib.as_array(b.pos, shape=(n,))[:] = poss
-        np.ctypeslib.as_array(b.n_seq_id, shape=(n,))[:] = 1
-        np.ctypeslib.as_array(b.logits, shape=(n,))[:] = outs
-        for i in range(n):
-            b.seq_id[i][0] = _ONLY
-        b.n_tokens = n
-        rc = self._lib.llama_decode(self._calls, b)
-        if rc == 1:
-            raise CacheFullError(f"the KV cache of sequence {seq_id} of {self.name} is full ({n} tokens)")
-        if rc != 0:
-            raise BackendError(f"llama_decode failed with code {rc} ({n} tokens, sequence {seq_id})")
+    def _lib_decode(self) -> int:
+        return self._lib.llama_decode(self._calls, self._batch)
 
     def _lib_free(self) -> None:
         for ctx in [*getattr(self, "_ctxs", {}).values(), *getattr(self, "_pool", ())]:

@@ -498,3 +498,27 @@ def test_gguf_hash_trusts_no_sidecar_beside_a_user_file(tmp_path, monkeypatch):
     (tmp_path / "cache" / "known.gguf").write_bytes(b"GGUF")
     (tmp_path / "cache" / "known.gguf.sha256").write_text("ab" * 32 + "  known.gguf\n")
     assert gguf_sha256(tmp_path / "cache" / "known.gguf") == "ab" * 32
+
+
+def test_what_the_hf_backend_guarantees(hf_tiny_target, hf_tiny_draft):
+    """The hf backend's numerics are "fast" (README, "Same request, same output"): each sequence runs its own
+    forward pass, so the other sequences of a call never change a row (bitwise) and a request's ids are the
+    same alone or beside others with the same method and k; a one-token pass and a k+1-token pass may round
+    differently (torch's kernels), so no more is promised."""
+    b = hf_tiny_target
+    assert b.numerics == "fast"
+    x, y = b.tokenize("hello there, general"), b.tokenize("an other sequence entirely")
+    s1 = b.new_sequence()
+    alone = b.eval({s1: (x, 3)})[s1]
+    b.free_sequence(s1)
+    s1, s2 = b.new_sequence(), b.new_sequence()
+    assert np.array_equal(b.eval({s1: (x, 3), s2: (y, 2)})[s1], alone)
+    for s in (s1, s2):
+        b.free_sequence(s)
+    from server_helpers import run_batch
+
+    e = Engine(b, [hf_tiny_draft], SpecConfig(method="draft", num_speculative_tokens=3))
+    spec = SpecConfig(method="draft", num_speculative_tokens=3)
+    prompts = ["The quick brown fox", "Once upon a time", "def fibonacci(n):"]
+    solo = [e.generate(p, GREEDY, spec).token_ids for p in prompts]
+    assert run_batch(e, [(p, GREEDY, spec) for p in prompts]) == solo
