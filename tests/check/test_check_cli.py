@@ -2,6 +2,7 @@
 one-line errors for bad input; and the new sampling options of `specdec generate`."""
 
 import pytest
+from conftest import IK
 from tiny_gguf import write_tiny_qwen2_gguf
 
 import specdec.verify as verify_mod
@@ -50,6 +51,31 @@ def test_check_fails_a_lossy_verifier(capsys, models, monkeypatch):
     code, out, _ = run(capsys, "check", "The quick brown fox", "--raw", "--samples", "150", "--seed", "1",
                        "--alpha", "0.001", *models[0], "--draft", models[1])
     assert code == 1 and "FAIL" in out
+
+
+@pytest.mark.skipif(not IK, reason="exact numerics need ik-llama-cpp-python==0.1.5 (Linux x86_64)")
+def test_check_exact_passes_and_names_each_case(capsys, models):
+    code, out, err = run(capsys, "check", "--exact", "--max-tokens", "12", "--raw", *models[0])
+    assert code == 0, out + err
+    assert "numerics exact" in out and out.strip().splitlines()[-1].startswith("PASS:")
+    for shape in ("method auto", "method draft, k=8", "4 requests at once", "chunks of 7 tokens", "2 threads instead of 1",
+                  "prefix cache warm"):
+        assert any(line.startswith("PASS  ") and shape in line for line in out.splitlines()), shape
+
+
+@pytest.mark.skipif(not IK, reason="exact numerics need ik-llama-cpp-python==0.1.5 (Linux x86_64)")
+def test_check_exact_fails_where_speculation_changes_a_token(capsys, models, monkeypatch):
+    """A greedy verifier that accepts every draft changes the text wherever the draft model disagrees:
+    FAIL, exit status 1, with the first differing position."""
+    def accept_every_chain(candidates, rows, rng):
+        k = len(candidates[0].tokens)
+        return VerifyResult(num_accepted=k, next_token=rows[0].token(k, rng), is_bonus=True)
+
+    monkeypatch.setitem(verify_mod.VERIFIERS, "greedy", Verifier("greedy", accept_every_chain, sampling=False, multi=True))
+    code, out, _ = run(capsys, "check", "--exact", "--max-tokens", "12", "--raw", *models[0], "--draft", models[1])
+    assert code == 1
+    assert "FAIL  method draft" in out and "first difference at output position" in out
+    assert out.strip().splitlines()[-1].startswith("FAIL:")
 
 
 @pytest.mark.parametrize("extra, fragment", [
