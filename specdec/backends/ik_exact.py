@@ -155,7 +155,10 @@ class IkExactBackend(IkLlamaCppBackend):
 
     def _load(self, seq_id: int, state: bytearray) -> bool:
         self._drop(seq_id, 0)
-        return GGUFBackend._load(self, seq_id, state)
+        try:
+            return GGUFBackend._load(self, seq_id, state)
+        except CacheFullError:  # no context free for it
+            return False
 
     def _lib_state_size(self, seq_id: int) -> int:
         return self._lib.llama_state_seq_get_size(self._context(seq_id), _ONLY, 0)

@@ -132,6 +132,8 @@ def test_a_context_per_sequence_and_no_more(model_paths):
         with pytest.raises(CacheFullError):
             backend.eval({c: (PROMPT[:3], 1)})
         assert backend.length(a) == len(PROMPT) and backend.length(b) == 5  # the failed call rolled back
+        state = backend.save_sequence(a)
+        assert not backend.load_sequence(c, state, len(PROMPT))  # nor a saved state
         backend.free_sequence(b)  # its context goes back to the pool
         assert backend.copy_prefix(a, c, 10) and backend.length(c) == 10
         single = backend.eval({c: (PROMPT[10:11], 1)})[c]
