@@ -110,27 +110,28 @@ def no_leaked_sequences(engine: Engine):
     wait_until(lambda: not engine.target.busy_sequences and not engine.draft.busy_sequences, 30, "sequences to be freed")
 
 
-def run_batch(engine, requests, **scheduler_kw):
-    """Run ``(prompt, params, spec)`` requests at once through a Scheduler; their token ids, in order."""
-    from specdec.scheduler import Scheduler
+def run_batch(engine, requests, prefill_chunk_tokens=0):
+    """Run ``(prompt text, params, spec)`` requests at once through a Scheduler; their token ids, in order."""
+    from specdec.check.exact import run_batch as run
 
-    sched = Scheduler(engine, max_running=len(requests), **scheduler_kw)
-    out, errors = [None] * len(requests), []
+    items = [(engine.encode_prompt(prompt), params, spec) for prompt, params, spec in requests]
+    return [list(ids) for ids in run(engine, items, prefill_chunk_tokens)]
 
-    def run(j):
-        prompt, params, spec = requests[j]
+
+def run_concurrently(fn, n):
+    """``[fn(0), ..., fn(n-1)]``, each call in its own thread; a call's exception fails the caller."""
+    out, errors = [None] * n, []
+
+    def run(i):
         try:
-            out[j] = [t for c in sched.stream(engine.encode_prompt(prompt), params, spec) for t in c.token_ids]
-        except Exception as e:  # surfaced below
+            out[i] = fn(i)
+        except Exception as e:  # surfaced by the assertion below
             errors.append(e)
 
-    threads = [threading.Thread(target=run, args=(j,)) for j in range(len(requests))]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(300)
-    finally:
-        sched.close()
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
     assert not errors, errors
     return out

@@ -10,11 +10,9 @@ are shown to fail it (the power of the test). Row-level checks of the backend: t
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 from conftest import IK
-from server_helpers import PROMPTS, run_batch
+from server_helpers import PROMPTS, run_batch, run_concurrently
 
 from specdec.engine import Engine
 from specdec.params import SamplingParams, SpecConfig
@@ -231,8 +229,7 @@ def test_server_same_request_same_text(tiny_target_path, tiny_draft_path):
             for kw in ({"temperature": 0}, {"temperature": 1.0, "seed": 11}):
                 first, again = ask(PROMPTS[4], **kw), ask(PROMPTS[4], **kw)
                 assert first == again
-                together = run_threads([lambda: ask(PROMPTS[4], **kw), lambda: ask(PROMPTS[0], **kw),
-                                        lambda: ask(PROMPTS[4], **kw), lambda: ask(PROMPTS[5], **kw)])
+                together = run_concurrently(lambda j: ask(PROMPTS[(4, 0, 4, 5)[j]], **kw), 4)
                 assert together[0] == together[2] == first
                 assert together[1] == ask(PROMPTS[0], **kw) and together[3] == ask(PROMPTS[5], **kw)
                 plain = ask(PROMPTS[4], extra_body={"speculative": {"method": "none"}}, **kw)
@@ -243,20 +240,3 @@ def test_server_same_request_same_text(tiny_target_path, tiny_draft_path):
     finally:
         close(e)
 
-
-def run_threads(fns):
-    out, errors = [None] * len(fns), []
-
-    def run(j):
-        try:
-            out[j] = fns[j]()
-        except Exception as e:  # surfaced below
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(j,)) for j in range(len(fns))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
-    return out

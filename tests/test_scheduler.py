@@ -4,7 +4,7 @@ cancellation frees KV, queue limits, draining, failure isolation, metrics."""
 import threading
 
 import pytest
-from server_helpers import PROMPTS, tiny_engine, wait_until
+from server_helpers import PROMPTS, run_concurrently, tiny_engine, wait_until
 
 from specdec.metrics import ServerMetrics
 from specdec.scheduler import QueueFullError, Scheduler, SchedulerClosedError
@@ -35,24 +35,6 @@ def batch_sizes(engine, monkeypatch):
 def collect(stream):
     chunks = list(stream)
     return chunks, [t for c in chunks for t in c.token_ids]
-
-
-def run_concurrently(fn, n):
-    out, errors = [None] * n, []
-
-    def run(i):
-        try:
-            out[i] = fn(i)
-        except Exception as e:  # surfaced by the assertion below
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
-    return out
 
 
 @pytest.mark.parametrize("method", ["draft", "ngram", "suffix", "none"])
