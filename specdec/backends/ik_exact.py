@@ -35,7 +35,7 @@ import numpy as np
 
 from specdec.backends.base import BackendError, CacheFullError
 from specdec.backends.gguf import GGUFBackend
-from specdec.backends.ik_llama_cpp import IkLlamaCppBackend
+from specdec.backends.ik_llama_cpp import MAX_CONTEXTS, IkLlamaCppBackend
 
 _ONLY = 0  # the id of the one sequence inside each context
 
@@ -70,7 +70,7 @@ class IkExactBackend(IkLlamaCppBackend):
     is ignored: no sequence ever attends over another's.
 
     Attributes:
-        n_contexts: The contexts created at load.
+        n_contexts: The most contexts this backend creates (the first at load, the others on demand).
 
     Raises:
         ValueError: when ``n_batch < 3``; and as :class:`IkLlamaCppBackend`.
@@ -85,38 +85,53 @@ class IkExactBackend(IkLlamaCppBackend):
         super().__init__(*args, **kwargs)
 
     def _open_contexts(self, n_cells: int | None, side_prefill: bool) -> None:
-        # A pool of contexts of n_ctx + 1 cells each (+ 1: the padding token of a full sequence), as many as
-        # n_cells allows (default: one per sequence id), created now: creating one costs ~0.25 s at 4096
-        # cells (its KV cache and its attention buffers for a full-length prompt chunk), which would
-        # otherwise land in a request's time to first token. A sequence takes one at its first evaluation
-        # and gives it back when freed.
+        # Contexts of n_ctx + 1 cells each (+ 1: the padding token of a full sequence), as many as n_cells allows
+        # (default: one per sequence id). The first is created now: creating one costs ~0.25 s at 4096 cells
+        # (its KV cache and its attention buffers for a full-length prompt chunk), which would otherwise land
+        # in the first request's time to first token; the others when a sequence first needs one (ik allows
+        # few contexts per process: MAX_CONTEXTS). A freed sequence gives its context back to the pool.
         self._ctx = None
         self._holes = False
         self.side_prefill = False
         self._calls = None
         self._ctxs: dict[int, int] = {}  # sequence id -> its context (a llama_context pointer)
         self._pool: list[int] = []  # contexts holding no sequence, empty
-        count = min(self.n_seq_max, max(1, n_cells // self.n_ctx)) if n_cells else self.n_seq_max
-        for _ in range(count):
-            ctx = self._new_context(self.n_ctx + 1, n_seq_max=1)
-            if not ctx:
-                self.close()
-                raise BackendError(f"ik_llama.cpp could not create a context of {self.n_ctx + 1} KV cells "
-                                   f"(context {len(self._pool) + 1} of {count} for {self.path.name})")
-            self._pool.append(ctx)
-        self.n_contexts = count
+        self.n_contexts = min(self.n_seq_max, max(1, n_cells // self.n_ctx)) if n_cells else self.n_seq_max
+        try:
+            self._pool.append(self._create())
+        except BackendError:
+            self.close()
+            raise
 
-    def _context(self, seq_id: int) -> int:
-        """The sequence's context; a free one from the pool at its first use.
+    def _create(self) -> int:
+        """A new empty context for one sequence.
 
         Raises:
-            CacheFullError: when every context holds another sequence.
+            CacheFullError: when ik_llama.cpp cannot create one (out of memory, or MAX_CONTEXTS reached).
+        """
+        ctx = self._new_context(self.n_ctx + 1, n_seq_max=1)
+        if not ctx:
+            made = len(self._ctxs) + len(self._pool)
+            raise CacheFullError(f"ik_llama.cpp could not create a context of {self.n_ctx + 1} KV cells for "
+                                 f"{self.name} ({made} of its {self.n_contexts} exist; at most {MAX_CONTEXTS} "
+                                 "contexts and models per process)")
+        return ctx
+
+    def _context(self, seq_id: int) -> int:
+        """The sequence's context; a free one from the pool (or a new one) at its first use.
+
+        Raises:
+            CacheFullError: when every context holds another sequence, or no more can be created.
         """
         ctx = self._ctxs.get(seq_id)
         if ctx is None:
-            if not self._pool:
+            if self._pool:
+                ctx = self._pool.pop()
+            elif len(self._ctxs) < self.n_contexts:
+                ctx = self._create()
+            else:
                 raise CacheFullError(f"all {self.n_contexts} contexts of {self.name} hold sequences")
-            ctx = self._ctxs[seq_id] = self._pool.pop()
+            self._ctxs[seq_id] = ctx
         return ctx
 
     def _holder(self, seq_id: int):
@@ -209,6 +224,6 @@ class IkExactBackend(IkLlamaCppBackend):
 
     def _lib_free(self) -> None:
         for ctx in [*getattr(self, "_ctxs", {}).values(), *getattr(self, "_pool", ())]:
-            self._lib.llama_free(ctx)
+            self._free_context(ctx)
         self._ctxs, self._pool = {}, []
         super()._lib_free()

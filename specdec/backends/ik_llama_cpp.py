@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import gc
 import importlib.metadata
 import os
 import sys
@@ -53,6 +54,14 @@ for the 1.5B target, against ~10 ms a token of prompt it then evaluates without 
 SIDE_MIN_OTHERS = 256
 """Fewest KV cells held by other sequences for a chunk to go to the side context (below it the span costs a
 chunk under ~10%)."""
+
+MAX_CONTEXTS = 24
+"""Most llama_contexts ik_llama.cpp may hold at once in one process, all backends together (each loaded model
+counts as one). Its ggml keeps every ggml context in a fixed table of 64 (``GGML_MAX_CONTEXTS``), a
+llama_context takes two, and past the table's end context creation crashes the process (measured: a
+segmentation fault at the 32nd); :meth:`IkLlamaCppBackend._new_context` refuses beyond this instead."""
+
+_live = {"contexts": 0}  # llama_contexts and models held now by every ik backend of this process
 
 LIB_ENV = "SPECDEC_IK_LIB"
 """Environment variable: path of an ik_llama.cpp ``libllama.so`` to load instead of the package's."""
@@ -189,6 +198,14 @@ def load_library() -> SimpleNamespace:
     return lib
 
 
+def _room(n: int) -> bool:
+    """Whether ``n`` more contexts or models fit under :data:`MAX_CONTEXTS`; when they do not, backends that
+    nothing references any more (an engine in a reference cycle) are collected first, freeing theirs."""
+    if _live["contexts"] + n > MAX_CONTEXTS:
+        gc.collect()
+    return _live["contexts"] + n <= MAX_CONTEXTS
+
+
 def ik_requested() -> bool:
     """Whether ik_llama.cpp is meant to be used here: ik-llama-cpp-python is installed (any version) or
     ``SPECDEC_IK_LIB`` is set. Cheap: loads nothing."""
@@ -281,7 +298,12 @@ class IkLlamaCppBackend(GGUFBackend):
         mparams.use_mmap = not repack  # repacking rewrites the weights: they must live in our memory
         mparams.flash_attn = flash_attn
         with captured_stderr() as printed:  # its GGUF parser prints why a file is corrupt, past the log callback
-            self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+            self._model = lib.llama_model_load_from_file(str(path).encode(), mparams) if _room(1) else None
+        if self._model:
+            _live["contexts"] += 1
+        elif not _room(1):
+            raise BackendError(f"ik_llama.cpp holds {_live['contexts']} contexts and models in this process, the most "
+                               f"it can ({MAX_CONTEXTS}): close a backend first")
         if not self._model:
             why = reason(printed[0])
             raise BackendError(f"ik_llama.cpp could not load {path} (unsupported or corrupt GGUF?)"
@@ -325,7 +347,17 @@ class IkLlamaCppBackend(GGUFBackend):
         cparams.n_batch = cparams.n_ubatch = self.n_batch  # one llama_decode = one micro-batch (see _lib_decode)
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
         cparams.flash_attn = self.flash_attn
-        return self._lib.llama_init_from_model(self._model, cparams)
+        if not _room(1):  # see MAX_CONTEXTS: NULL, which every caller reports (or does without)
+            return None
+        ctx = self._lib.llama_init_from_model(self._model, cparams)
+        if ctx:
+            _live["contexts"] += 1
+        return ctx
+
+    def _free_context(self, ctx) -> None:
+        """``llama_free`` a context of :meth:`_new_context`."""
+        self._lib.llama_free(ctx)
+        _live["contexts"] -= 1
 
     # -- the library's own sequence calls (bookkeeping: SequenceBook) ---------------------------
 
@@ -510,11 +542,12 @@ class IkLlamaCppBackend(GGUFBackend):
             self._lib.llama_batch_free(self._batch)
             self._batch_live = False
         if getattr(self, "_side_ctx", None):
-            self._lib.llama_free(self._side_ctx)
+            self._free_context(self._side_ctx)
             self._side_ctx = None
         if getattr(self, "_ctx", None):
-            self._lib.llama_free(self._ctx)
+            self._free_context(self._ctx)
             self._ctx = None
         if getattr(self, "_model", None):
             self._lib.llama_free_model(self._model)
+            _live["contexts"] -= 1
             self._model = None

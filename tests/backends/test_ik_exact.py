@@ -174,3 +174,27 @@ def test_chunks_never_hold_one_token():
     for n_batch in (1, 2):
         with pytest.raises(ValueError, match="n_batch"):
             exact_chunks(5, n_batch)
+
+
+def test_contexts_past_the_library_table_are_refused_not_crashed(model_paths):
+    """ik's ggml holds 64 ggml contexts a process and crashes past them: specdec counts its contexts and models
+    and refuses beyond MAX_CONTEXTS with an error (a new backend), or a full cache (one more sequence)."""
+    from specdec.backends import ik_llama_cpp as ik
+    from specdec.backends.base import BackendError
+
+    backend = exact(model_paths["f32"], n_seq_max=3)
+    try:
+        a, b = backend.new_sequence(), backend.new_sequence()
+        held = ik._live["contexts"]
+        ik._live["contexts"] = ik.MAX_CONTEXTS  # as if the process held the most already
+        try:
+            backend.eval({a: (PROMPT[:4], 1)})  # the context made at load
+            with pytest.raises(CacheFullError, match="at most"):
+                backend.eval({b: (PROMPT[:4], 1)})
+            with pytest.raises(BackendError, match="contexts"):
+                exact(model_paths["f32"])
+        finally:
+            ik._live["contexts"] = held
+        assert backend.eval({b: (PROMPT[:4], 1)})[b].shape == (1, backend.n_vocab)
+    finally:
+        backend.close()
