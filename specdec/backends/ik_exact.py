@@ -39,6 +39,10 @@ from specdec.backends.ik_llama_cpp import MAX_CONTEXTS, IkLlamaCppBackend
 
 _ONLY = 0  # the id of the one sequence inside each context
 
+MAX_SEQUENCES = MAX_CONTEXTS - 4
+"""Most sequences holding tokens at once in one :class:`IkExactBackend` (a context each), leaving room in the
+process's :data:`~specdec.backends.ik_llama_cpp.MAX_CONTEXTS` for the models and a draft model's context."""
+
 MIN_BATCH = 3
 """Fewest tokens per call (``n_batch``) of :class:`IkExactBackend`: see :func:`exact_chunks`."""
 
@@ -73,7 +77,8 @@ class IkExactBackend(IkLlamaCppBackend):
         n_contexts: The most contexts this backend creates (the first at load, the others on demand).
 
     Raises:
-        ValueError: when ``n_batch < 3``; and as :class:`IkLlamaCppBackend`.
+        ValueError: when ``n_batch < 3``, or more than :data:`MAX_SEQUENCES` contexts are asked for; and as
+            :class:`IkLlamaCppBackend`.
     """
 
     numerics = "exact"
@@ -97,6 +102,11 @@ class IkExactBackend(IkLlamaCppBackend):
         self._ctxs: dict[int, int] = {}  # sequence id -> its context (a llama_context pointer)
         self._pool: list[int] = []  # contexts holding no sequence, empty
         self.n_contexts = min(self.n_seq_max, max(1, n_cells // self.n_ctx)) if n_cells else self.n_seq_max
+        if self.n_contexts > MAX_SEQUENCES:
+            self.close()
+            raise ValueError(f"exact numerics hold at most {MAX_SEQUENCES} sequences at once in one process (a "
+                             f"context each; ik_llama.cpp allows {MAX_CONTEXTS}), asked for {self.n_contexts}: run "
+                             "fewer requests at once (max_running), or numerics 'fast'")
         try:
             self._pool.append(self._create())
         except BackendError:

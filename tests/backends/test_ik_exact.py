@@ -10,6 +10,7 @@ order). The real pair's rows are checked in tests/test_same_output.py."""
 from __future__ import annotations
 
 import ctypes
+import gc
 
 import numpy as np
 import pytest
@@ -185,6 +186,7 @@ def test_contexts_past_the_library_table_are_refused_not_crashed(model_paths):
     backend = exact(model_paths["f32"], n_seq_max=3)
     try:
         a, b = backend.new_sequence(), backend.new_sequence()
+        gc.collect()  # nothing left for the refusal's own collection to free
         held = ik._live["contexts"]
         ik._live["contexts"] = ik.MAX_CONTEXTS  # as if the process held the most already
         try:
@@ -198,3 +200,12 @@ def test_contexts_past_the_library_table_are_refused_not_crashed(model_paths):
         assert backend.eval({b: (PROMPT[:4], 1)})[b].shape == (1, backend.n_vocab)
     finally:
         backend.close()
+
+
+def test_more_sequences_than_a_process_can_hold_is_one_clear_error(model_paths):
+    from specdec.backends.ik_exact import MAX_SEQUENCES
+
+    with pytest.raises(ValueError, match="at most"):
+        exact(model_paths["f32"], n_seq_max=MAX_SEQUENCES + 1)
+    backend = exact(model_paths["f32"], n_seq_max=MAX_SEQUENCES + 1, n_cells=2 * N_CTX)  # contexts: n_cells // n_ctx
+    backend.close()
