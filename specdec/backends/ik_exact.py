@@ -39,9 +39,10 @@ from specdec.backends.ik_llama_cpp import MAX_CONTEXTS, IkLlamaCppBackend
 
 _ONLY = 0  # the id of the one sequence inside each context
 
-MAX_SEQUENCES = MAX_CONTEXTS - 4
-"""Most sequences holding tokens at once in one :class:`IkExactBackend` (a context each), leaving room in the
-process's :data:`~specdec.backends.ik_llama_cpp.MAX_CONTEXTS` for the models and a draft model's context."""
+MAX_SEQUENCES = 24
+"""Most sequences holding tokens at once in one :class:`IkExactBackend` (a context each, two entries of the
+process's table of :data:`~specdec.backends.ik_llama_cpp.MAX_CONTEXTS`), leaving room for the models, a
+draft model's context and another backend."""
 
 MIN_BATCH = 3
 """Fewest tokens per call (``n_batch``) of :class:`IkExactBackend`: see :func:`exact_chunks`."""
@@ -105,8 +106,8 @@ class IkExactBackend(IkLlamaCppBackend):
         if self.n_contexts > MAX_SEQUENCES:
             self.close()
             raise ValueError(f"exact numerics hold at most {MAX_SEQUENCES} sequences at once in one process (a "
-                             f"context each; ik_llama.cpp allows {MAX_CONTEXTS}), asked for {self.n_contexts}: run "
-                             "fewer requests at once (max_running), or numerics 'fast'")
+                             f"context each; ik_llama.cpp's table of ggml contexts is small), asked for "
+                             f"{self.n_contexts}: run fewer requests at once (max_running), or numerics 'fast'")
         try:
             self._pool.append(self._create())
         except BackendError:
@@ -123,8 +124,8 @@ class IkExactBackend(IkLlamaCppBackend):
         if not ctx:
             made = len(self._ctxs) + len(self._pool)
             raise CacheFullError(f"ik_llama.cpp could not create a context of {self.n_ctx + 1} KV cells for "
-                                 f"{self.name} ({made} of its {self.n_contexts} exist; at most {MAX_CONTEXTS} "
-                                 "contexts and models per process)")
+                                 f"{self.name} ({made} of its {self.n_contexts} exist; ik's table of ggml contexts "
+                                 f"holds at most {MAX_CONTEXTS} of them per process)")
         return ctx
 
     def _context(self, seq_id: int) -> int:

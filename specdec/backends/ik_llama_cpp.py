@@ -55,13 +55,15 @@ SIDE_MIN_OTHERS = 256
 """Fewest KV cells held by other sequences for a chunk to go to the side context (below it the span costs a
 chunk under ~10%)."""
 
-MAX_CONTEXTS = 24
-"""Most llama_contexts ik_llama.cpp may hold at once in one process, all backends together (each loaded model
-counts as one). Its ggml keeps every ggml context in a fixed table of 64 (``GGML_MAX_CONTEXTS``), a
-llama_context takes two, and past the table's end context creation crashes the process (measured: a
-segmentation fault at the 32nd); :meth:`IkLlamaCppBackend._new_context` refuses beyond this instead."""
+MAX_CONTEXTS = 60
+"""Most entries of ik_llama.cpp's table of ggml contexts that specdec fills in one process, all backends
+together. ik's ggml keeps every ggml context in a fixed table of 64 (``GGML_MAX_CONTEXTS``): a loaded model
+takes one entry and a llama_context two (measured: 1 model + 31 contexts fill it, 4 models + 30 contexts
+too), and past the table's end creating a context crashes the process (a segmentation fault).
+:meth:`IkLlamaCppBackend._new_context` refuses beyond this instead."""
 
-_live = {"contexts": 0}  # llama_contexts and models held now by every ik backend of this process
+_live = {"contexts": 0}  # entries of that table held now by every ik backend of this process
+_MODEL, _CONTEXT = 1, 2  # entries a model and a llama_context take
 
 LIB_ENV = "SPECDEC_IK_LIB"
 """Environment variable: path of an ik_llama.cpp ``libllama.so`` to load instead of the package's."""
@@ -199,7 +201,7 @@ def load_library() -> SimpleNamespace:
 
 
 def _room(n: int) -> bool:
-    """Whether ``n`` more contexts or models fit under :data:`MAX_CONTEXTS`; when they do not, backends that
+    """Whether ``n`` more ggml contexts fit under :data:`MAX_CONTEXTS`; when they do not, backends that
     nothing references any more (an engine in a reference cycle) are collected first, freeing theirs."""
     if _live["contexts"] + n > MAX_CONTEXTS:
         gc.collect()
@@ -298,12 +300,12 @@ class IkLlamaCppBackend(GGUFBackend):
         mparams.use_mmap = not repack  # repacking rewrites the weights: they must live in our memory
         mparams.flash_attn = flash_attn
         with captured_stderr() as printed:  # its GGUF parser prints why a file is corrupt, past the log callback
-            self._model = lib.llama_model_load_from_file(str(path).encode(), mparams) if _room(1) else None
+            self._model = lib.llama_model_load_from_file(str(path).encode(), mparams) if _room(_MODEL) else None
         if self._model:
-            _live["contexts"] += 1
-        elif not _room(1):
-            raise BackendError(f"ik_llama.cpp holds {_live['contexts']} contexts and models in this process, the most "
-                               f"it can ({MAX_CONTEXTS}): close a backend first")
+            _live["contexts"] += _MODEL
+        elif not _room(_MODEL):
+            raise BackendError(f"ik_llama.cpp holds {_live['contexts']} of its {MAX_CONTEXTS} ggml contexts in this "
+                               "process (models and contexts): close a backend first")
         if not self._model:
             why = reason(printed[0])
             raise BackendError(f"ik_llama.cpp could not load {path} (unsupported or corrupt GGUF?)"
@@ -347,17 +349,17 @@ class IkLlamaCppBackend(GGUFBackend):
         cparams.n_batch = cparams.n_ubatch = self.n_batch  # one llama_decode = one micro-batch (see _lib_decode)
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
         cparams.flash_attn = self.flash_attn
-        if not _room(1):  # see MAX_CONTEXTS: NULL, which every caller reports (or does without)
+        if not _room(_CONTEXT):  # see MAX_CONTEXTS: NULL, which every caller reports (or does without)
             return None
         ctx = self._lib.llama_init_from_model(self._model, cparams)
         if ctx:
-            _live["contexts"] += 1
+            _live["contexts"] += _CONTEXT
         return ctx
 
     def _free_context(self, ctx) -> None:
         """``llama_free`` a context of :meth:`_new_context`."""
         self._lib.llama_free(ctx)
-        _live["contexts"] -= 1
+        _live["contexts"] -= _CONTEXT
 
     # -- the library's own sequence calls (bookkeeping: SequenceBook) ---------------------------
 
@@ -549,5 +551,5 @@ class IkLlamaCppBackend(GGUFBackend):
             self._ctx = None
         if getattr(self, "_model", None):
             self._lib.llama_free_model(self._model)
-            _live["contexts"] -= 1
+            _live["contexts"] -= _MODEL
             self._model = None
