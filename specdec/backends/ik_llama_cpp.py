@@ -62,7 +62,7 @@ takes one entry and a llama_context two (measured: 1 model + 31 contexts fill it
 too), and past the table's end creating a context crashes the process (a segmentation fault).
 :meth:`IkLlamaCppBackend._new_context` refuses beyond this instead."""
 
-_live = {"contexts": 0}  # entries of that table held now by every ik backend of this process
+_live = {"entries": 0}  # entries of that table held now by every ik backend of this process
 _MODEL, _CONTEXT = 1, 2  # entries a model and a llama_context take
 
 LIB_ENV = "SPECDEC_IK_LIB"
@@ -203,9 +203,9 @@ def load_library() -> SimpleNamespace:
 def _room(n: int) -> bool:
     """Whether ``n`` more ggml contexts fit under :data:`MAX_CONTEXTS`; when they do not, backends that
     nothing references any more (an engine in a reference cycle) are collected first, freeing theirs."""
-    if _live["contexts"] + n > MAX_CONTEXTS:
+    if _live["entries"] + n > MAX_CONTEXTS:
         gc.collect()
-    return _live["contexts"] + n <= MAX_CONTEXTS
+    return _live["entries"] + n <= MAX_CONTEXTS
 
 
 def ik_requested() -> bool:
@@ -299,13 +299,13 @@ class IkLlamaCppBackend(GGUFBackend):
         mparams.repack_tensors = repack
         mparams.use_mmap = not repack  # repacking rewrites the weights: they must live in our memory
         mparams.flash_attn = flash_attn
-        with captured_stderr() as printed:  # its GGUF parser prints why a file is corrupt, past the log callback
-            self._model = lib.llama_model_load_from_file(str(path).encode(), mparams) if _room(_MODEL) else None
-        if self._model:
-            _live["contexts"] += _MODEL
-        elif not _room(_MODEL):
-            raise BackendError(f"ik_llama.cpp holds {_live['contexts']} of its {MAX_CONTEXTS} ggml contexts in this "
+        if not _room(_MODEL):
+            raise BackendError(f"ik_llama.cpp holds {_live['entries']} of its {MAX_CONTEXTS} ggml contexts in this "
                                "process (models and contexts): close a backend first")
+        with captured_stderr() as printed:  # its GGUF parser prints why a file is corrupt, past the log callback
+            self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+        if self._model:
+            _live["entries"] += _MODEL
         if not self._model:
             why = reason(printed[0])
             raise BackendError(f"ik_llama.cpp could not load {path} (unsupported or corrupt GGUF?)"
@@ -353,13 +353,13 @@ class IkLlamaCppBackend(GGUFBackend):
             return None
         ctx = self._lib.llama_init_from_model(self._model, cparams)
         if ctx:
-            _live["contexts"] += _CONTEXT
+            _live["entries"] += _CONTEXT
         return ctx
 
     def _free_context(self, ctx) -> None:
         """``llama_free`` a context of :meth:`_new_context`."""
         self._lib.llama_free(ctx)
-        _live["contexts"] -= _CONTEXT
+        _live["entries"] -= _CONTEXT
 
     # -- the library's own sequence calls (bookkeeping: SequenceBook) ---------------------------
 
@@ -551,5 +551,5 @@ class IkLlamaCppBackend(GGUFBackend):
             self._ctx = None
         if getattr(self, "_model", None):
             self._lib.llama_free_model(self._model)
-            _live["contexts"] -= _MODEL
+            _live["entries"] -= _MODEL
             self._model = None

@@ -187,8 +187,8 @@ def test_contexts_past_the_library_table_are_refused_not_crashed(model_paths):
     try:
         a, b = backend.new_sequence(), backend.new_sequence()
         gc.collect()  # nothing left for the refusal's own collection to free
-        held = ik._live["contexts"]
-        ik._live["contexts"] = ik.MAX_CONTEXTS  # as if the process held the most already
+        held = ik._live["entries"]
+        ik._live["entries"] = ik.MAX_CONTEXTS  # as if the process held the most already
         try:
             backend.eval({a: (PROMPT[:4], 1)})  # the context made at load
             with pytest.raises(CacheFullError, match="at most"):
@@ -196,7 +196,7 @@ def test_contexts_past_the_library_table_are_refused_not_crashed(model_paths):
             with pytest.raises(BackendError, match="ggml contexts"):
                 exact(model_paths["f32"])
         finally:
-            ik._live["contexts"] = held
+            ik._live["entries"] = held
         assert backend.eval({b: (PROMPT[:4], 1)})[b].shape == (1, backend.n_vocab)
     finally:
         backend.close()
