@@ -21,13 +21,19 @@ def add_parser(sub) -> None:
     add_spec_args(s)
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
-    s.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on /v1 and /metrics (or $SPECDEC_API_KEY)")
+    s.add_argument("--api-key", default=None, metavar="KEYS",
+                   help="require 'Authorization: Bearer KEY' on /v1 and /metrics (better: $SPECDEC_API_KEY, which "
+                        "the process list does not show); several comma-separated keys are several tenants, "
+                        "whose requests never share cached prompt prefixes")
     s.add_argument("--metrics-public", action="store_true", help="serve /metrics without the API key")
     s.add_argument("--allowed-hosts", default=None, metavar="NAMES",
                    help="comma-separated names accepted in the Host and Origin headers besides loopback ones "
                         "(example.com,*.example.com; '*' = any). Default: loopback names only when --host is "
-                        "loopback, any otherwise")
+                        "loopback, any Host otherwise (but no web Origin: see --allowed-origins)")
+    s.add_argument("--allowed-origins", default=None, metavar="NAMES",
+                   help="comma-separated host names of web pages allowed to call the API from a browser, besides "
+                        "loopback ones, the --allowed-hosts names and the server's own IP address "
+                        "(app.example.com; '*' = any). Default: none")
     s.add_argument("--served-model-name", default=None, help="model name clients pass (default: the target's)")
     s.add_argument("--max-concurrency", type=int, default=8, help="requests decoded together (default 8)")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond that; then 429 (default 64)")
@@ -80,7 +86,18 @@ def allowed_hosts(host: str, names: str | None) -> tuple[str, ...]:
 
     if names is None:
         return () if is_loopback(host) else ("*",)
-    return tuple(h.strip() for h in names.split(",") if h.strip())
+    return _names(names)
+
+
+def allowed_origins(hosts: str | None, origins: str | None) -> tuple[str, ...]:
+    """``ServerConfig.allowed_origins`` from ``--allowed-hosts`` and ``--allowed-origins``: the names of
+    both. Not the ``*`` that a non-loopback ``--host`` gives the ``Host`` check: a web page on the network
+    (DNS rebinding) must not drive a server that was not told to trust it."""
+    return _names(hosts or "") + _names(origins or "")
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(h.strip() for h in text.split(",") if h.strip())
 
 
 def parse_serve_args(argv: list[str]) -> argparse.Namespace:
@@ -112,8 +129,7 @@ def check_serve_args(args: argparse.Namespace) -> None:
                              f"got {value}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
-    if args.api_key is not None and not args.api_key.strip():  # '' would silently turn authentication off
-        raise ValueError("--api-key is empty; give a key, or leave the option out to serve without one")
+    api_key_of(args)  # an empty key (option or environment) is refused, not taken as "no key"
     if not args.drain_timeout >= 0:  # NaN too
         raise ValueError(f"--drain-timeout must be 0 or more seconds, got {args.drain_timeout}")
     check_model_args(args)
@@ -121,14 +137,29 @@ def check_serve_args(args: argparse.Namespace) -> None:
 
     listen_socket(args.host, args.port).close()  # a bad --host or a busy port fails now, before the models load
     if not is_loopback(args.host) and api_key_of(args) is None:
-        print(f"specdec: warning: serving on {args.host} without --api-key", file=sys.stderr)
+        guard = ("only the names in --allowed-hosts may reach it" if args.allowed_hosts
+                 else "anyone who reaches this address can use it; give a key, or --allowed-hosts")
+        print(f"specdec: warning: serving on {args.host} without an API key: {guard}", file=sys.stderr)
 
 
-def api_key_of(args: argparse.Namespace) -> str | None:
-    """The API key: ``--api-key``, else ``$SPECDEC_API_KEY``, else none."""
+def api_key_of(args: argparse.Namespace) -> str | tuple[str, ...] | None:
+    """The API key(s): ``--api-key``, else ``$SPECDEC_API_KEY``, else none; several comma-separated keys
+    are several tenants (a tuple).
+
+    Raises:
+        ValueError: for an empty key, or an empty one in the list: ``''`` would silently turn
+            authentication off.
+    """
     import os
 
-    return args.api_key or os.environ.get("SPECDEC_API_KEY") or None
+    source, text = ("--api-key", args.api_key) if args.api_key is not None else (
+        "$SPECDEC_API_KEY", os.environ.get("SPECDEC_API_KEY"))
+    if text is None:
+        return None
+    keys = [k.strip() for k in text.split(",")]
+    if not all(keys):
+        raise ValueError(f"{source} is empty or holds an empty key; give a key, or unset it to serve without one")
+    return keys[0] if len(keys) == 1 else tuple(keys)
 
 
 def load_server(args: argparse.Namespace):
@@ -154,6 +185,7 @@ def load_server(args: argparse.Namespace):
     config = ServerConfig(
         model_name=args.served_model_name or engine.name, api_key=api_key_of(args), metrics_public=args.metrics_public,
         allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
+        allowed_origins=allowed_origins(args.allowed_hosts, args.allowed_origins),
         max_running=args.max_concurrency, max_waiting=args.max_queue, max_body_bytes=args.max_body_bytes,
         max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens_limit,
         prefix_cache_tokens=args.prefix_cache_tokens, prefill_chunk_tokens=args.prefill_chunk_tokens,
