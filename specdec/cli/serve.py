@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
     s.add_argument("--api-key", default=None, metavar="KEYS",
                    help="require 'Authorization: Bearer KEY' on /v1 and /metrics (better: $SPECDEC_API_KEY, which "
                         "the process list does not show); several comma-separated keys are several tenants, "
-                        "whose requests never share cached prompt prefixes")
+                        "whose requests never share cached prompt prefixes. With --ray, read by this command and "
+                        "passed to every replica")
     s.add_argument("--metrics-public", action="store_true", help="serve /metrics without the API key")
     s.add_argument("--allowed-hosts", default=None, metavar="NAMES",
                    help="comma-separated names accepted in the Host and Origin headers besides loopback ones "
@@ -75,7 +76,8 @@ def add_ray_args(s: argparse.ArgumentParser) -> None:
                         "(default: --max-concurrency)")
     g.add_argument("--ray-address", default=None,
                    help="join this Ray cluster (HEAD:6379, or 'auto' for the one on this machine) "
-                        "(default: start a local one for this command)")
+                        "(default: start a local one for this command, its own ports on 127.0.0.1 whatever "
+                        "--host says)")
 
 
 def allowed_hosts(host: str, names: str | None) -> tuple[str, ...]:

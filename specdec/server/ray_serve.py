@@ -24,6 +24,17 @@ is at ``max_ongoing_requests``. Requests without the header are spread uniformly
 their request id), not by load. The body's OpenAI ``user`` field cannot be the key: Ray Serve's router
 chooses the replica before the body is read.
 
+**Where things listen.** A local cluster (no ``--ray-address``) is this command's own and lives on
+loopback whatever ``--host`` says: its control ports (GCS, raylet, object manager, workers, agents) bind
+127.0.0.1 and it has no dashboard (:func:`start_ray`); only Ray Serve's HTTP proxy listens on ``--host``.
+A cluster joined with ``--ray-address`` listens where its ``ray start`` put it.
+
+**The API key** is resolved where the application is built, in the driver (``--api-key``, else the
+driver's ``$SPECDEC_API_KEY``; for ``serve run ...:build_app``, the ``serve run`` process), and handed to
+every replica (:class:`ReplicaKey`): a replica is a Ray actor, possibly on another node, and does not
+inherit the driver's environment. A replica that was told to require a key and did not get one refuses
+to start.
+
 **A replica that dies** (crash, ``ray.kill``, lost node): requests it had accepted fail (non-streamed:
 HTTP 500 from Ray Serve's proxy; streamed: the stream ends without ``data: [DONE]``), and so does one on
 its way to it as it dies (HTTP 500). Ray Serve does not retry them; the client must (a greedy or seeded
@@ -38,6 +49,7 @@ parsing (:mod:`specdec.cli.serve`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import sys
 import threading
@@ -89,6 +101,64 @@ class ReplicaHeader:
         await self.app(scope, receive, send_named)
 
 
+@dataclasses.dataclass(frozen=True)
+class ReplicaKey:
+    """The API key the driver resolved, as it travels to each replica.
+
+    ``required`` travels beside the value, so that a replica told to require a key that did not arrive
+    refuses to start instead of serving without one. The value stays out of ``repr``: Ray prints a
+    deployment's arguments in some errors and logs.
+
+    Args:
+        required: The driver serves with an API key.
+        value: The key, or the tenants' keys (:func:`specdec.cli.serve.api_key_of`); ``None`` when not
+            required.
+    """
+
+    required: bool
+    value: str | tuple[str, ...] | None = dataclasses.field(default=None, repr=False)
+
+
+def replica_args(args: argparse.Namespace, key: ReplicaKey) -> argparse.Namespace:
+    """The options a replica loads with (:func:`specdec.cli.serve.load_server`): the driver's, with the key it
+    resolved as ``api_key``. Without a key from the driver, a replica's own ``$SPECDEC_API_KEY`` still
+    applies, as it would to ``specdec serve`` on that node.
+
+    Raises:
+        ValueError: the key is required but did not arrive.
+    """
+    if key.required and not key.value:
+        raise ValueError("this replica was told to require an API key but got none: refusing to serve without "
+                         "it; build the application with specdec.server.ray_serve.application or build_app, "
+                         "which pass the key")
+    keys = (key.value,) if isinstance(key.value, str) else key.value or ()
+    return argparse.Namespace(**{**vars(args), "api_key": ",".join(keys) or None})  # as --api-key spells them
+
+
+def keep_replica_port_on_loopback() -> None:
+    """On a node whose address is loopback (:func:`start_ray`'s local cluster), bind this replica's
+    inter-deployment gRPC server there too.
+
+    Ray Serve binds it on every interface (``[::]:0``, not configurable), although its callers connect
+    to the node's address; the server unpickles what it is sent. Called in the replica's constructor,
+    which Ray Serve runs before it starts that server.
+    """
+    import ray
+    from ray.serve._private import replica
+
+    from specdec.server.access import is_loopback
+
+    node = ray.util.get_node_ip_address()
+    if not is_loopback(node):
+        return
+    bind, host = replica.add_port_to_grpc_server, f"[{node}]" if ":" in node else node
+
+    def bind_on_node(server, address: str) -> int:
+        return bind(server, host + address[len("[::]"):] if address.startswith("[::]:") else address)
+
+    replica.add_port_to_grpc_server = bind_on_node
+
+
 if serve is not None:
 
     @serve.deployment(name=APP_NAME)
@@ -97,12 +167,18 @@ if serve is not None:
         """One replica: the models, the scheduler and the app of one ``specdec serve`` process.
 
         Args:
-            args: ``specdec serve``'s options (:func:`specdec.cli.serve.parse_serve_args`).
+            args: ``specdec serve``'s options (:func:`specdec.cli.serve.parse_serve_args`), less the key.
+            key: The API key the driver resolved (:func:`application`).
+
+        Raises:
+            ValueError: ``key`` is required but empty (before any model is loaded).
         """
 
-        def __init__(self, args: argparse.Namespace):
+        def __init__(self, args: argparse.Namespace, key: ReplicaKey):
             from specdec.cli.serve import load_server
 
+            args = replica_args(args, key)
+            keep_replica_port_on_loopback()
             self.engine, self.config = load_server(args)
             self.name = serve.get_replica_context().replica_id.unique_id
             self.fatal: BaseException | None = None
@@ -195,12 +271,14 @@ def application(args: argparse.Namespace):
     Raises:
         ValueError: bad option values, or Ray Serve missing.
     """
-    from specdec.cli.serve import check_serve_args
+    from specdec.cli.serve import api_key_of, check_serve_args
 
     require_ray()
     check_serve_args(args)
     check_ray_args(args)
-    return SpecdecReplica.options(**deployment_options(args)).bind(args)
+    key = api_key_of(args)  # here, in the driver: the replicas do not see its environment
+    keyless = argparse.Namespace(**{**vars(args), "api_key": None})  # the key travels in ReplicaKey, out of reprs
+    return SpecdecReplica.options(**deployment_options(args)).bind(keyless, ReplicaKey(key is not None, key))
 
 
 def build_app(builder_args: dict[str, str]):
@@ -210,7 +288,8 @@ def build_app(builder_args: dict[str, str]):
     ``n_ctx=512``, ``max-concurrency=4``, ``replicas=2``); a flag takes ``true`` or ``false``
     (``metrics_public=true``). ``host`` says which names the replicas accept in the ``Host`` header (as
     ``specdec serve --host``); the proxy's own address is Ray Serve's (``serve start --http-host``, or the
-    config file's ``http_options``).
+    config file's ``http_options``). Without ``api_key``, ``$SPECDEC_API_KEY`` is read in the process that
+    calls the builder (``serve run``'s own), not on the replicas.
 
     Raises:
         ValueError: an unknown option or a bad value.
@@ -232,11 +311,57 @@ def builder_argv(builder_args: dict) -> list[str]:
     return argv
 
 
+LOOPBACK = "127.0.0.1"
+
+
+def ray_init_kwargs(args: argparse.Namespace) -> dict:
+    """``ray.init``'s arguments for the options: join ``--ray-address``, or start a local cluster on
+    :data:`LOOPBACK` without a dashboard, whatever ``--host`` says (``--host`` is the HTTP proxy's)."""
+    if args.ray_address is not None:
+        return {"address": args.ray_address, "log_to_driver": False}
+    return {"address": "local", "_node_ip_address": LOOPBACK, "include_dashboard": False, "log_to_driver": False}
+
+
+def start_ray(args: argparse.Namespace, **extra) -> None:
+    """``ray.init(**ray_init_kwargs(args), **extra)``; a local cluster's ports all bind loopback.
+
+    A local cluster is this command's alone: its control ports (GCS, raylet, object manager, workers,
+    agents) would let anyone who reaches them run code on this machine, so they listen on loopback only.
+
+    Raises:
+        ValueError: Ray put the local cluster on another address (nothing is left running).
+    """
+    import ray
+
+    if args.ray_address is not None:
+        ray.init(**ray_init_kwargs(args), **extra)
+        return
+    from unittest import mock
+
+    from ray._private import ray_constants
+
+    from specdec.server.access import is_loopback
+
+    # ray.init turns a loopback node address into this machine's network address (other nodes could not
+    # join a loopback head), and a node on a network address binds its ports on every interface; it keeps
+    # loopback where multi-node clusters are off (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, read when Ray is
+    # imported): off while this process starts its own cluster. The processes it starts get the address
+    # as an argument. Checked below, should a Ray version change this.
+    with mock.patch.object(ray_constants, "ENABLE_RAY_CLUSTER", False, create=True):
+        ray.init(**ray_init_kwargs(args), **extra)
+    addresses = sorted({node["NodeManagerAddress"] for node in ray.nodes()})
+    if not all(is_loopback(a) for a in addresses):
+        ray.shutdown()
+        raise ValueError(f"Ray {ray.__version__} put the local cluster on {', '.join(addresses)}, not loopback, "
+                         f"where its ports would be open to the network: not starting it. Join a cluster on a "
+                         f"private network with --ray-address instead")
+
+
 def run_ray(args: argparse.Namespace) -> None:
-    """``specdec serve --ray``: start (or join, with ``--ray-address``) a Ray cluster, deploy the
-    replicas behind Ray Serve's proxy on ``--host``/``--port``, serve until SIGINT/SIGTERM, then delete
-    the application (replicas finish their requests, up to ``--drain-timeout`` seconds) and stop the
-    cluster if this command started it.
+    """``specdec serve --ray``: start (on loopback, :func:`start_ray`) or join (``--ray-address``) a Ray
+    cluster, deploy the replicas behind Ray Serve's proxy on ``--host``/``--port`` (the only port that
+    follows ``--host``), serve until SIGINT/SIGTERM, then delete the application (replicas finish their
+    requests, up to ``--drain-timeout`` seconds) and stop the cluster if this command started it.
 
     Raises:
         ValueError: bad options, a local cluster too small for the replicas, or replicas that fail to
@@ -248,11 +373,7 @@ def run_ray(args: argparse.Namespace) -> None:
     if args.port == 0:
         raise ValueError("--port 0 (any free port) does not work with --ray: give Ray Serve's proxy a port")
     local = args.ray_address is None
-    # A local cluster for a loopback server lives on loopback too: Ray's own ports (GCS, raylet, object
-    # store) take no authentication, and nobody off this machine should reach them.
-    loopback = local and args.host in ("127.0.0.1", "localhost", "::1")
-    ray.init(address="local" if local else args.ray_address, include_dashboard=False if local else None,
-             log_to_driver=False, **({"_node_ip_address": "127.0.0.1"} if loopback else {}))
+    start_ray(args)
     try:
         lo, _, n = scaling_bounds(args)
         need = max(n, lo or 0) * (args.threads or 1)
