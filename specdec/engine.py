@@ -91,6 +91,19 @@ class Engine:
         exact numerics, one target context each)."""
         return min(min(getattr(b, "n_seq_max", 1), getattr(b, "n_contexts", 1 << 30)) for b in (self.target, *self.drafts))
 
+    def close(self) -> None:
+        """Close the target and draft backends (their models and KV caches are freed); safe to call twice."""
+        for backend in (self.target, *self.drafts):
+            close = getattr(backend, "close", None)
+            if close is not None:
+                close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def enable_prefix_cache(self, max_sequences: int, max_tokens: int) -> None:
         """Keep finished requests' KV (target and drafts) as prefixes for later requests: up to
         ``max_sequences`` sequences and ``max_tokens`` tokens per model, least recently used first to go
@@ -206,9 +219,11 @@ class Engine:
         return self.admit(self.encode_prompt(prompt, chat=chat), params, spec, proposer=proposer)
 
     def admit(self, prompt_ids: list[int], params: SamplingParams | None = None, spec: SpecConfig | None = None,
-              proposer: Proposer | None = None) -> Request:
+              proposer: Proposer | None = None, cache_salt: str = "") -> Request:
         """:meth:`new_request` for prompt ids already validated by :meth:`encode_prompt` (the scheduler's
-        admission: the server validated them when the request arrived).
+        admission: the server validated them when the request arrived). ``cache_salt``: the request copies
+        cached prefixes only from requests of the same salt, and only they copy from it (a server gives each
+        tenant its own; :class:`~specdec.backends.prefix.PrefixCache`).
 
         Raises:
             ValueError: for settings the engine cannot run (see :func:`specdec.request.new_request`).
@@ -222,7 +237,7 @@ class Engine:
         # a context of its own (exact numerics), where a branch would copy the whole context every step
         trees = target.numerics != "exact"
         context = ProposerContext(drafts=self.drafts, vocab_size=self.info.vocab_size, cost=self.cost,
-                                  suffix_cache=self.suffix_cache,
+                                  suffix_cache=self.suffix_cache, cache_salt=cache_salt,
                                   free_sequences=lambda: getattr(target, "free_sequences", 0) if trees else 0)
         return new_request(self.info, self.target, prompt_ids, params, spec, context, proposer)
 

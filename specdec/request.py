@@ -86,7 +86,7 @@ def new_request(model: ModelInfo, target: Backend, prompt_ids: Sequence[int], pa
     with contextlib.ExitStack() as undo:
         if proposer is not None:
             undo.callback(proposer.close)
-        cache = SequenceCache(target)
+        cache = SequenceCache(target, salt=proposers.cache_salt)
         undo.callback(cache.free)
         if entry is not None:
             proposer = entry.factory(proposers, spec)

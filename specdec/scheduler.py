@@ -71,6 +71,8 @@ class Job:
         t_submit: ``time.perf_counter()`` at submission (for queue time and time to first token).
         cancelled: Set by :meth:`Scheduler.cancel`; the job leaves before the next step.
         request: The running :class:`Request`, once admitted.
+        cache_salt: Prefix-cache salt: the request shares cached prefixes only with requests of the same
+            salt (:class:`~specdec.backends.prefix.PrefixCache`).
     """
 
     prompt_ids: list[int]
@@ -81,6 +83,7 @@ class Job:
     cancelled: bool = False
     request: Request | None = None
     t_last: float | None = None  # time of the previous chunk with tokens
+    cache_salt: str = ""
 
 
 class Scheduler:
@@ -153,8 +156,9 @@ class Scheduler:
         """Queue several requests at once: all of them or, when the queue lacks room, none.
 
         Args:
-            items: ``(prompt_ids, params, spec, emit)`` tuples; prompts must already be validated
-                (:meth:`Engine.encode_prompt`), and so must ``spec`` (:meth:`Engine.check_spec`).
+            items: ``(prompt_ids, params, spec, emit)`` tuples, or ``(prompt_ids, params, spec, emit,
+                cache_salt)``; prompts must already be validated (:meth:`Engine.encode_prompt`), and so
+                must ``spec`` (:meth:`Engine.check_spec`).
 
         Returns:
             The jobs, in order; pass them to :meth:`cancel`.
@@ -163,7 +167,8 @@ class Scheduler:
             QueueFullError: when the free slots plus the waiting room cannot take them all.
             SchedulerClosedError: while draining, after :meth:`close`, or after the thread died.
         """
-        jobs = [Job(list(p), params, spec, emit) for p, params, spec, emit in items]
+        jobs = [Job(list(p), params, spec, emit, cache_salt=salt[0] if salt else "")
+                for p, params, spec, emit, *salt in items]
         with self._cond:
             if self.error is not None:
                 raise SchedulerClosedError(f"the server cannot take requests: {self.error}")
@@ -291,7 +296,7 @@ class Scheduler:
 
     def _admit(self, job: Job) -> None:
         try:
-            job.request = self.engine.admit(job.prompt_ids, job.params, job.spec)
+            job.request = self.engine.admit(job.prompt_ids, job.params, job.spec, cache_salt=job.cache_salt)
         except Exception as e:
             self._emit(job, e)
             return

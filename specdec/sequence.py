@@ -210,7 +210,7 @@ class SequenceState:
         backend = self.target.backend
         if getattr(backend, "free_sequences", 0) < 1:
             return None
-        cache = SequenceCache(backend)
+        cache = SequenceCache(backend, salt=self.target.salt)
         self._aux.append(cache)
         n = min(len(self.context) - 1, len(self.target.tokens))
         if not cache.fork(self.target, n):

@@ -29,6 +29,26 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "real: needs the real default model pair (about 1.6 GB)")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _close_leftover_backends():
+    """At the end of each test module, close every GGUF backend it left open (not the session fixtures').
+
+    A backend nobody references is closed by its ``__del__``, but one that a server app served stays
+    referenced: FastAPI (0.165) caches its endpoints, whose closures hold the engine, for the life of the
+    process. ik_llama.cpp holds at most 60 models and contexts in a process
+    (:data:`specdec.backends.ik_llama_cpp.MAX_CONTEXTS`), so a full test run that leaves them open runs out
+    of them at the end (CI, 2026-12-05). Module fixtures end before this one: what is open now is left over."""
+    yield
+    import gc
+
+    from specdec.backends.gguf import GGUFBackend
+
+    gc.collect()
+    for obj in gc.get_objects():
+        if isinstance(obj, GGUFBackend) and not getattr(obj, "session_fixture", False):
+            obj.close()
+
+
 def tiny_backend(path, backend: str = "llama.cpp", **kwargs) -> LlamaCppBackend | IkLlamaCppBackend:
     """A ``backend`` backend on a tiny model with exact numerics, so that batched and one-token
     evaluation agree to ~1e-5: no flash attention, and with llama.cpp an F32 KV cache (ik_llama.cpp's
@@ -71,11 +91,13 @@ def _tiny_pair_fixtures(backend: str, prefix: str):
     @pytest.fixture(scope="session", name=f"{prefix}_tiny_target")
     def target(tiny_target_path):
         with tiny_backend(tiny_target_path, backend, name="tiny-target") as b:
+            b.session_fixture = True  # see _close_leftover_backends
             yield b
 
     @pytest.fixture(scope="session", name=f"{prefix}_tiny_draft")
     def draft(tiny_draft_path):
         with tiny_backend(tiny_draft_path, backend, name="tiny-draft") as b:
+            b.session_fixture = True
             yield b
 
     return target, draft

@@ -38,7 +38,12 @@ def tiny_engine(target_path, draft_path, n_seq_max: int = 8, n_ctx: int = 512, b
     One thread each: the tiny models need no more, and llama.cpp's thread barriers are slow when the
     machine's cores are busy with other work."""
     kw = {"n_seq_max": n_seq_max, "n_ctx": n_ctx, "n_threads": 1}
-    target = tiny_backend(target_path, backend, name="tiny-target", **kw)
+    if backend == "ik_llama.cpp":  # the product's default: ik's shared context rounds by batch (issue 36)
+        from specdec.backends.ik_exact import IkExactBackend
+
+        target = IkExactBackend(target_path, name="tiny-target", **kw)
+    else:
+        target = tiny_backend(target_path, backend, name="tiny-target", **kw)
     draft = tiny_backend(draft_path, backend, name="tiny-draft", **kw)
     return Engine(target, draft, SpecConfig(method="draft", num_speculative_tokens=4))
 

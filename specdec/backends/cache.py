@@ -25,13 +25,15 @@ class SequenceCache:
     Args:
         backend: The model holding the cache.
         seq_id: The sequence id, or ``None`` to reserve a new one.
+        salt: The prefix-cache salt: the sequence copies prefixes only from sequences and saved prefixes of
+            the same salt, and only those copy from it (:class:`~specdec.backends.prefix.PrefixCache`).
 
     Raises:
         BackendError: when no sequence is free.
     """
 
-    def __init__(self, backend: Backend, seq_id: int | None = None):
-        self.backend = backend
+    def __init__(self, backend: Backend, seq_id: int | None = None, salt: str = ""):
+        self.backend, self.salt = backend, salt
         self.seq_id = backend.new_sequence() if seq_id is None else seq_id
         self.tokens: list[int] = []
         self.filling: Sequence[int] = ()  # what the last plan() fills the cache towards (a whole prompt)
@@ -138,7 +140,7 @@ class SequenceCache:
         if prefix is not None and prefix.accepts(len(self.tokens)):
             state = self.backend.save_sequence(self.seq_id)
             if state is not None:
-                prefix.keep(SavedPrefix(list(self.tokens), state))
+                prefix.keep(SavedPrefix(list(self.tokens), state, self.salt))
             elif prefix.park(self):
                 return
         self.free()

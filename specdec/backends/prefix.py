@@ -13,9 +13,15 @@ llama-server's slot reuse do the same job):
 - **parked** sequences: finished requests kept in the KV cache itself, where the backend cannot save
   (transformers' ``DynamicCache``, the test models).
 
-Saved and parked prefixes are kept while there is room (least recently used first to go, bounded by
-``max_sequences`` and ``max_tokens`` each), so the next turn of a conversation, or the next request with
-the same system prompt, skips the prefill of what it shares. A new sequence whose prompt another is still
+Saved and parked prefixes are kept while there is room, least recently used first to go: saved ones (host
+memory) up to ``max_tokens`` tokens together, parked ones (KV cells that are not free) up to
+``max_sequences`` sequences and ``max_tokens`` tokens, so the next turn of a conversation, or the next
+request with the same system prompt, skips the prefill of what it shares.
+
+**Salts.** Every sequence and saved prefix carries a salt (``""`` by default), and a sequence copies only
+from donors of its own salt: a server gives each tenant (API key) and each request's ``cache_salt`` its own,
+so that nobody learns from a cache hit (``cached_tokens``, or a faster first token) that another tenant
+sent a prompt (vLLM's ``cache_salt``). A new sequence whose prompt another is still
 prefilling (requests sharing a new system prompt that arrive together) waits until that part is evaluated
 and copies it then (:meth:`PrefixCache.filling`), instead of evaluating it a second time. Saving matters
 on llama.cpp's unified KV cache: every call attends over all cells in use, masked or not, so cells parked
@@ -38,6 +44,9 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 if TYPE_CHECKING:
     from specdec.backends.cache import SequenceCache
 
+MAX_SAVED = 1024
+"""Most saved prefixes kept at once, whatever their tokens: every lookup compares the prompt with each."""
+
 WAIT_MIN = 32
 """Fewest tokens of its prompt that a new sequence must gain by waiting for another sequence's prefill
 (:meth:`PrefixCache.filling`): a shorter shared part is cheaper to evaluate than to wait for."""
@@ -51,20 +60,27 @@ class SavedPrefix:
         tokens: ``[n] int`` the token ids whose KV the state holds, in order.
         state: The library's serialized state of the sequence (``llama_state_seq_get_data``; ~28 KB a
             token for the default 1.5B target's F16 cache).
+        salt: The salt of the sequence it was saved from: only sequences of the same salt copy from it.
     """
 
     tokens: list[int]
     state: bytearray
+    salt: str = ""
 
 
 class PrefixCache:
     """Donor sequences of one backend, and the finished ones it keeps (saved or parked).
 
     Args:
-        max_sequences: Most saved prefixes, and most parked sequences (0: finished sequences are freed,
-            nothing is kept).
+        max_sequences: Most parked sequences (KV cells that are not free); 0 turns keeping off (finished
+            sequences are freed, nothing is saved or parked).
         max_tokens: Most tokens held by saved prefixes together (host memory), and by parked sequences
             together (KV cells that are not free).
+
+    Saved prefixes are bounded by tokens only (and by :data:`MAX_SAVED` entries, which bounds a lookup's
+    work): a server's ``max_sequences`` is its batch size, and a bound that small made ten prompts sent in
+    turn evict each other before their second turn came (least recently used order over a cycle longer
+    than the bound misses every time).
 
     Attributes:
         lookups: New sequences that looked for a donor.
@@ -110,7 +126,7 @@ class PrefixCache:
             return False
         for key, old in list(self.saved.items()):
             n = len(old.tokens)
-            if n <= len(saved.tokens) and common_prefix(old.tokens, saved.tokens, n) == n:
+            if old.salt == saved.salt and n <= len(saved.tokens) and common_prefix(old.tokens, saved.tokens, n) == n:
                 del self.saved[key]
         self.saved[id(saved)] = saved
         self._shrink()
@@ -149,8 +165,11 @@ class PrefixCache:
     def _shrink(self) -> None:
         while self.parked and (len(self.parked) > self.max_sequences or self.parked_tokens() > self.max_tokens):
             self.evict(1)
-        while self.saved and (len(self.saved) > self.max_sequences or self.saved_tokens() > self.max_tokens):
-            self.saved.popitem(last=False)
+        if self.max_sequences < 1:
+            self.saved.clear()
+        held = self.saved_tokens()
+        while self.saved and (len(self.saved) > MAX_SAVED or held > self.max_tokens):
+            held -= len(self.saved.popitem(last=False)[1].tokens)
 
     # -- lookup ---------------------------------------------------------------------------------
     def donors(self) -> Iterator["SequenceCache | SavedPrefix"]:
@@ -186,7 +205,7 @@ class PrefixCache:
         its length (``None, 0`` when none shares a token); no counters, no LRU refresh."""
         best, best_n = None, 0
         for donor in self.donors():
-            if donor is cache:
+            if donor is cache or donor.salt != cache.salt:
                 continue
             n = common_prefix(donor.tokens, tokens, min(limit, len(donor.tokens)))
             if n > best_n:
@@ -203,7 +222,8 @@ class PrefixCache:
             return False
         _, now = self._longest(cache, tokens, limit)
         soon = max((common_prefix(d.filling, tokens, min(limit, len(d.filling))) for d in self.live.values()
-                    if d is not cache and len(d.filling) > len(d.tokens) + WAIT_MIN), default=0)
+                    if d is not cache and d.salt == cache.salt and len(d.filling) > len(d.tokens) + WAIT_MIN),
+                   default=0)
         return soon >= now + WAIT_MIN
 
 

@@ -91,11 +91,11 @@ def allowed_hosts(host: str, names: str | None) -> tuple[str, ...]:
     return _names(names)
 
 
-def allowed_origins(hosts: str | None, origins: str | None) -> tuple[str, ...]:
-    """``ServerConfig.allowed_origins`` from ``--allowed-hosts`` and ``--allowed-origins``: the names of
-    both. Not the ``*`` that a non-loopback ``--host`` gives the ``Host`` check: a web page on the network
-    (DNS rebinding) must not drive a server that was not told to trust it."""
-    return _names(hosts or "") + _names(origins or "")
+def allowed_origins(origins: str | None) -> tuple[str, ...]:
+    """``ServerConfig.allowed_origins`` from ``--allowed-origins``: the names given (the ``--allowed-hosts``
+    names count as origins too, but not the ``*`` that a non-loopback ``--host`` gives the ``Host``
+    check: a web page on the network, by DNS rebinding, must not drive a server not told to trust it)."""
+    return _names(origins or "")
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -187,7 +187,7 @@ def load_server(args: argparse.Namespace):
     config = ServerConfig(
         model_name=args.served_model_name or engine.name, api_key=api_key_of(args), metrics_public=args.metrics_public,
         allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
-        allowed_origins=allowed_origins(args.allowed_hosts, args.allowed_origins),
+        allowed_origins=allowed_origins(args.allowed_origins),
         max_running=args.max_concurrency, max_waiting=args.max_queue, max_body_bytes=args.max_body_bytes,
         max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens_limit,
         prefix_cache_tokens=args.prefix_cache_tokens, prefill_chunk_tokens=args.prefill_chunk_tokens,

@@ -197,6 +197,8 @@ class ProposerContext:
             default: it is a side channel between requests, see SECURITY.md).
         free_sequences: ``() -> int``: the target's KV sequences free now, each able to hold one
             alternative candidate of a token tree (``auto`` plans no more alternatives than that).
+        cache_salt: The request's prefix-cache salt: the target's and the draft models' sequences of the
+            request carry it (:class:`~specdec.backends.cache.SequenceCache`).
     """
 
     drafts: "tuple[Backend, ...]"
@@ -204,6 +206,7 @@ class ProposerContext:
     cost: "CostModel"
     suffix_cache: "SuffixCache | None" = None
     free_sequences: Callable[[], int] = lambda: 0
+    cache_salt: str = ""
 
     @property
     def draft(self) -> "Backend | None":

@@ -156,5 +156,5 @@ def _top_probability(logits: np.ndarray) -> float:
 @register("draft", default_k=4, needs_draft=True)
 def _draft(ctx: ProposerContext, spec: SpecConfig) -> DraftModelProposer:
     """``draft``: the (first) draft model with a fixed k."""
-    return DraftModelProposer(SequenceCache(ctx.draft), ctx.vocab_size, p_min=spec.draft_p_min,
+    return DraftModelProposer(SequenceCache(ctx.draft, salt=ctx.cache_salt), ctx.vocab_size, p_min=spec.draft_p_min,
                               cascade=spec.cascade, ngram_max=spec.ngram_max, ngram_min=spec.ngram_min)

@@ -540,7 +540,7 @@ class HybridProposer:
 def _hybrid_factory(adaptive: bool):
     def factory(ctx: ProposerContext, spec: SpecConfig) -> HybridProposer:
         backends = ctx.drafts if adaptive else ctx.drafts[:1]  # hybrid's rule knows one drafter
-        drafts = {kind: DraftModelProposer(SequenceCache(b), ctx.vocab_size, p_min=spec.draft_p_min,
+        drafts = {kind: DraftModelProposer(SequenceCache(b, salt=ctx.cache_salt), ctx.vocab_size, p_min=spec.draft_p_min,
                                            lazy_prefill=True, drafter=kind, cascade=spec.cascade,
                                            ngram_max=spec.ngram_max, ngram_min=spec.ngram_min)
                   for kind, b in zip(ctx.draft_kinds, backends)}

@@ -1,34 +1,69 @@
 """Who may call the server, and with how much: the ASGI middleware in front of every route.
 
 - **Host and Origin** (DNS rebinding, cross-site requests): a web page in the user's browser can make its
-  own host name resolve to 127.0.0.1 and then drive a localhost server as its "own origin"; the browser
-  still sends that name in ``Host``. Requests whose ``Host`` is not an allowed name are refused (400),
-  and so are requests whose ``Origin`` (sent by browsers on cross-site requests, never by API clients)
-  is not an allowed name (403). Allowed: :data:`LOOPBACK_NAMES` and IP literals of loopback addresses,
-  plus the configured names (``example.com``, ``*.example.com``); ``*`` allows any. A request without
-  these headers is not from a browser and passes.
-- **API key**: ``Authorization: Bearer KEY`` on ``/v1/*`` and, unless ``metrics_public``, ``/metrics``
-  (``/health`` stays open: it says nothing but ok/draining/error, and load balancers probe it).
-- **Body size**: read up front (at most ``max_body_bytes + 1`` bytes) and replayed to the app, so an
-  oversized body gets 413 whether or not it declares a Content-Length.
+  own host name resolve to the server's address and then drive the server as its "own origin"; the browser
+  still sends that name in ``Host`` and ``Origin``. Requests whose ``Host`` is not an allowed name are
+  refused (400), and so are requests whose ``Origin`` (sent by browsers, never by API clients) is not an
+  allowed origin (403). Always allowed: :data:`LOOPBACK_NAMES` and loopback IP literals; besides them, the
+  configured names (``example.com``, ``*.example.com``; ``*`` for any) -- one list for ``Host``, another
+  for ``Origin``, so that a server that accepts any ``Host`` (a non-loopback address, whose names clients
+  choose) still refuses every web origin it was not told about. An ``Origin`` naming the very IP address
+  and port of the ``Host`` (a page this server served, opened by its IP address) is same-origin and
+  passes: no other site can have that origin. A request without these headers is not from a browser.
+- **API key** (one or several, one per tenant): ``Authorization: Bearer KEY`` on every route but the
+  public ones (:data:`PUBLIC_ROUTES`: ``/health``, the playground, the OpenAPI schema), and ``/metrics``
+  when ``metrics_public``. The route is the one the app resolves (Starlette's own matching, which honours
+  ``root_path``: an app mounted under ``/p``, or served by Ray Serve with a ``route_prefix``, is guarded
+  the same); a path that names no route needs the key too. The key's tenant is put in the request scope
+  (:func:`tenant_of`), for the prefix cache's salt.
+- **Request body**: read only for routes that take one (``POST``), up front, at most ``max_body_bytes + 1``
+  bytes (413 beyond, whether or not a ``Content-Length`` was declared) and within ``body_timeout``
+  seconds (408 after: a client that sends slowly holds no memory for long), then replayed to the app.
+  Other requests are passed on unread.
 
-Plain ASGI (not ``BaseHTTPMiddleware``, which breaks streaming and disconnect detection), and not
-Starlette's ``TrustedHostMiddleware``, whose refusals are plain text rather than OpenAI's error shape.
-This module knows HTTP headers only.
+Refusals happen before the body is read. Plain ASGI (not ``BaseHTTPMiddleware``, which breaks streaming
+and disconnect detection), and not Starlette's ``TrustedHostMiddleware``, whose refusals are plain text
+rather than OpenAI's error shape. This module knows HTTP headers and routes, not the engine.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import ipaddress
 import secrets
+import time
 from typing import Sequence
 from urllib.parse import urlsplit
+
+from starlette.routing import Match
 
 from specdec.server.errors import APIError, send_error
 
 LOOPBACK_NAMES = ("localhost",)
 """Host names always allowed, besides loopback IP literals (``127.0.0.1``, ``[::1]``): no web page can
 make a browser send them for a host it controls."""
+
+PUBLIC_ROUTES = frozenset({"/health", "/", "/playground", "/openapi.json"})
+"""Route paths served without the API key (and the playground's static files, ``/playground/...``): they
+hold no data. ``/metrics`` joins them with ``metrics_public``."""
+
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+"""Methods whose routes read a request body."""
+
+TENANT_KEY = "specdec_tenant"
+"""Where :class:`AccessMiddleware` puts the caller's tenant in the ASGI scope's ``state``."""
+
+
+def tenant_of(scope: dict) -> str:
+    """The caller's tenant: a digest of the API key it presented (16 hex digits), ``""`` on a server without
+    keys. Requests of different tenants never share cached prompt prefixes (see :mod:`specdec.server.app`)."""
+    return scope.get("state", {}).get(TENANT_KEY, "")
+
+
+def key_tenant(key: str) -> str:
+    """The tenant id of an API key: not the key (it ends up in memory next to cached prompts)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def is_loopback(host: str) -> bool:
@@ -64,35 +99,68 @@ def _hostname(authority: str) -> str | None:
         return None
 
 
+def _same_ip_origin(origin: str, host_header: str | None) -> bool:
+    """Whether ``origin`` is ``http(s)://IP:PORT`` with the IP literal and port of the ``Host`` header: a
+    page this server served itself at that address (no other site can have an IP origin of this host)."""
+    if host_header is None:
+        return False
+    try:
+        o, h = urlsplit(origin), urlsplit("//" + host_header)
+        ipaddress.ip_address(o.hostname or "")
+        default = {"http": 80, "https": 443}.get(o.scheme)
+        return o.hostname == h.hostname and (o.port or default) == (h.port or default)
+    except ValueError:
+        return False
+
+
 class AccessMiddleware:
-    """ASGI middleware: Host/Origin names, Bearer API key, request body size (see the module docstring).
+    """ASGI middleware: Host/Origin names, Bearer API keys, request bodies (see the module docstring).
 
     Args:
         app: The wrapped ASGI app.
-        api_key: Required ``Authorization: Bearer`` token, or ``None``.
+        api_key: Required ``Authorization: Bearer`` token, several (one per tenant), or ``None``.
         max_body_bytes: Largest accepted request body.
-        allowed_hosts: Names accepted in ``Host`` and ``Origin`` besides loopback ones (``*`` for any).
+        allowed_hosts: Names accepted in ``Host`` besides loopback ones (``*`` for any).
         metrics_public: Serve ``/metrics`` without the API key.
+        allowed_origins: Names accepted in ``Origin`` besides loopback ones, same-origin IP addresses and
+            the names of ``allowed_hosts`` but ``*`` (``*`` for any).
+        router: The app's router (``app.router``), whose routes decide which requests need the key and
+            which have a body; ``None``: every request needs the key and has its body read.
+        body_timeout: Seconds a client has to send its whole body (408 after).
     """
 
-    def __init__(self, app, api_key: str | None, max_body_bytes: int, allowed_hosts: Sequence[str] = (),
-                 metrics_public: bool = False):
-        self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
+    def __init__(self, app, api_key: str | Sequence[str] | None, max_body_bytes: int,
+                 allowed_hosts: Sequence[str] = (), metrics_public: bool = False,
+                 allowed_origins: Sequence[str] = (), router=None, body_timeout: float = 30.0):
+        self.app, self.max_body_bytes, self.router, self.body_timeout = app, max_body_bytes, router, body_timeout
+        keys = (api_key,) if isinstance(api_key, str) else tuple(api_key or ())
+        self.keys = [(k.encode(), key_tenant(k)) for k in keys]
         self.allowed_hosts, self.metrics_public = tuple(allowed_hosts), metrics_public
+        # the Host names given are web origins of this server too; not a "*" (a server on a network address
+        # accepts any Host, since clients choose its names, but a web page it was not told about stays out)
+        self.allowed_origins = (*allowed_origins, *(h for h in self.allowed_hosts if h != "*"))
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        refusal = self._refusal(scope["path"], headers)
+        route, has_body = self._route(scope)
+        refusal = self._refusal(scope, route, headers)
         if refusal is not None:
             return await send_error(send, refusal)
+        if not has_body:
+            return await self.app(scope, receive, send)
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
             return await send_error(send, self._too_large())
         parts, size, more = [], 0, True
+        deadline = time.monotonic() + self.body_timeout
         while more:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                return await send_error(send, APIError(
+                    408, f"the request body did not arrive within {self.body_timeout:g} s", code="request_timeout"))
             if message["type"] != "http.request":  # client gone before sending the whole body
                 return
             parts.append(message.get("body", b""))
@@ -112,26 +180,55 @@ class AccessMiddleware:
 
         await self.app(scope, replay, send)
 
-    def _refusal(self, path: str, headers: dict[str, str]) -> APIError | None:
-        """Why this request is refused before it is read, or None."""
-        hint = "start the server with this name allowed (allowed_hosts, --allowed-hosts)"
+    def _route(self, scope) -> tuple[str | None, bool]:
+        """The path template of the route this request resolves to (``None``: none), and whether it reads a
+        body (a route of a body method; every request when no router was given)."""
+        if self.router is None:
+            return None, True
+        partial = None
+        for route in self.router.routes:
+            match, _ = route.matches(dict(scope))
+            path = getattr(route, "path", None)
+            if match == Match.FULL:
+                return path, scope["method"] in BODY_METHODS
+            if match == Match.PARTIAL and partial is None:
+                partial = path  # the path exists, the method does not: 405 from the app, no body read
+        return partial, False
+
+    def _public(self, route: str | None) -> bool:
+        if route is None:
+            return False
+        return (route in PUBLIC_ROUTES or route.startswith("/playground/")
+                or (route == "/metrics" and self.metrics_public))
+
+    def _refusal(self, scope, route: str | None, headers: dict[str, str]) -> APIError | None:
+        """Why this request is refused before its body is read, or None; records the caller's tenant."""
+        hint = "start the server with this name allowed"
         if "host" in headers:
             host = _hostname(headers["host"])
             if host is None or not host_allowed(host, self.allowed_hosts):
-                return APIError(400, f"the Host header {headers['host']!r} is not a name of this server; {hint}",
-                                code="host_not_allowed")
+                return APIError(400, f"the Host header {headers['host']!r} is not a name of this server; {hint} "
+                                "(--allowed-hosts)", code="host_not_allowed")
         if "origin" in headers:
             origin = headers["origin"]
             host = urlsplit(origin).hostname if origin.startswith(("http://", "https://")) else None
-            if host is None or not host_allowed(host, self.allowed_hosts):
-                return APIError(403, f"requests from the web origin {origin!r} are not allowed; {hint}",
-                                code="origin_not_allowed")
-        guarded = path.startswith("/v1") or (path == "/metrics" and not self.metrics_public)
-        if self.api_key is not None and guarded:
-            scheme, _, token = headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), self.api_key.encode()):
-                return APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
-                                code="invalid_api_key")
+            if host is None or not (host_allowed(host, self.allowed_origins)
+                                    or _same_ip_origin(origin, headers.get("host"))):
+                return APIError(403, f"requests from the web origin {origin!r} are not allowed; {hint} "
+                                "(--allowed-origins)", code="origin_not_allowed")
+        if not self.keys:
+            return None
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        token = token.strip().encode()
+        tenant = None
+        for key, name in self.keys:  # every key compared, in constant time each
+            if secrets.compare_digest(token, key) and scheme.lower() == "bearer":
+                tenant = name
+        if tenant is not None:
+            scope.setdefault("state", {})[TENANT_KEY] = tenant
+        elif not self._public(route):
+            return APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                            code="invalid_api_key")
         return None
 
     def _too_large(self) -> APIError:

@@ -32,7 +32,7 @@ from specdec.metrics import ServerMetrics
 from specdec.prefill import check_chunk_tokens
 from specdec.scheduler import Scheduler
 from specdec.server import logprobs, playground, provenance, serving
-from specdec.server.access import AccessMiddleware
+from specdec.server.access import AccessMiddleware, tenant_of
 from specdec.server.errors import APIError, error_body, install_error_handlers
 from specdec.server.protocol import (
     ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, CompletionChunk,
@@ -46,10 +46,14 @@ class ServerConfig:
 
     Attributes:
         model_name: The name clients pass as ``model`` (``GET /v1/models`` lists it).
-        api_key: Required Bearer token on ``/v1/*`` and ``/metrics``; ``None`` disables the check.
+        api_key: Required Bearer token on every route but ``/health``, the playground and the OpenAPI
+            schema; several keys (a tuple) are several tenants, whose requests never share cached prompt
+            prefixes; ``None`` disables the check.
         metrics_public: Serve ``/metrics`` without the API key.
-        allowed_hosts: Names accepted in the ``Host`` and ``Origin`` headers besides loopback ones
-            (``example.com``, ``*.example.com``; ``*`` for any); see :mod:`specdec.server.access`.
+        allowed_hosts: Names accepted in the ``Host`` header besides loopback ones (``example.com``,
+            ``*.example.com``; ``*`` for any); see :mod:`specdec.server.access`.
+        allowed_origins: Names accepted in the ``Origin`` header (browsers' cross-site requests) besides
+            loopback ones and the server's own IP address (``*`` for any).
         max_running: Requests decoded together (the batch size; backends need as many sequences).
         max_waiting: Requests that may wait for a slot; beyond it requests get 429.
         max_body_bytes: Largest request body, bytes (413 beyond).
@@ -64,12 +68,18 @@ class ServerConfig:
         suffix_cache_tokens: Tokens of earlier outputs kept for suffix decoding across requests
             (:meth:`Engine.enable_suffix_cache`); 0 (the default) disables it: it is a side channel between
             clients (SECURITY.md).
+        body_timeout: Seconds a client has to send a request body (408 after).
+        max_connections: Connections served at once (uvicorn's ``limit_concurrency``: 503 beyond);
+            ``None``: twice ``max_running + max_waiting``, at least 32.
+        stream_buffer: Events (chunks of tokens) a streamed response may have waiting for a client that
+            does not read them; beyond it the request is cancelled (the client is too slow, or gone).
     """
 
     model_name: str
-    api_key: str | None = None
+    api_key: str | tuple[str, ...] | None = None
     metrics_public: bool = False
     allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
     max_running: int = 8
     max_waiting: int = 64
     max_body_bytes: int = 1 << 20
@@ -79,6 +89,19 @@ class ServerConfig:
     prefix_cache_tokens: int = 8192
     prefill_chunk_tokens: int | None = 0
     suffix_cache_tokens: int = 0
+    body_timeout: float = 30.0
+    max_connections: int | None = None
+    stream_buffer: int = 4096
+
+    @property
+    def api_keys(self) -> tuple[str, ...]:
+        """The API keys (none: no check)."""
+        return (self.api_key,) if isinstance(self.api_key, str) else tuple(self.api_key or ())
+
+    @property
+    def connections(self) -> int:
+        """Connections served at once (see ``max_connections``)."""
+        return self.max_connections or max(32, 2 * (self.max_running + self.max_waiting))
 
 
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 429, 503)}
@@ -114,17 +137,22 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         state["draining"] = True
         await asyncio.to_thread(scheduler.close, True)
 
-    app = FastAPI(title="specdec", summary="OpenAI-compatible speculative decoding server", lifespan=lifespan)
+    # no /docs or /redoc: FastAPI's pages load unpinned scripts from a CDN into this origin; the schema
+    # (/openapi.json) opens in any OpenAPI viewer
+    app = FastAPI(title="specdec", summary="OpenAI-compatible speculative decoding server", lifespan=lifespan,
+                  docs_url=None, redoc_url=None)
     install_error_handlers(app)
-    app.include_router(playground.router)
-    app.add_middleware(AccessMiddleware, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
-                       allowed_hosts=config.allowed_hosts, metrics_public=config.metrics_public)
+    playground.add_routes(app)
+    app.add_middleware(AccessMiddleware, api_key=config.api_keys, max_body_bytes=config.max_body_bytes,
+                       allowed_hosts=config.allowed_hosts, metrics_public=config.metrics_public,
+                       allowed_origins=config.allowed_origins, router=app.router, body_timeout=config.body_timeout)
 
     @app.get("/health")
     async def health():
         error = state["scheduler"].error if "scheduler" in state else None
-        if error is not None:  # the process is about to exit; see specdec.scheduler
-            return JSONResponse({"status": "error", "error": str(error)}, 503)
+        if error is not None:  # the process is about to exit (specdec.scheduler); the log has the details
+            return JSONResponse({"status": "error", "message": "the server hit an internal error and is "
+                                 "restarting; retry shortly"}, 503)
         if state.get("draining"):
             return JSONResponse({"status": "draining"}, 503)
         return {"status": "ok"}
@@ -144,7 +172,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         serving.refuse_unsupported(req)
         return {**serving.sampling_kwargs(req), **serving.logprob_kwargs(req)}, serving.spec_for(engine, req)
 
-    async def start(req, prompts: list[list[int]], kwargs: dict, spec, default_max: int | None):
+    async def start(req, raw: Request, prompts: list[list[int]], kwargs: dict, spec, default_max: int | None):
         if len(prompts) * req.n > limits.max_choices:
             raise APIError(400, f"at most {limits.max_choices} choices (prompts x n) per request", param="n")
         items = []
@@ -157,8 +185,10 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
             except (ValueError, TypeError) as e:
                 raise APIError(400, str(e), param=serving.param_of(str(e))) from None
             serving.check_logit_bias(engine, params)
+        # the prefix cache's salt: the caller's tenant (API key) and its own cache_salt; see specdec.backends.prefix
+        salt = f"{tenant_of(raw.scope)}:{req.cache_salt or ''}"
         try:
-            return serving.Choices(state["scheduler"], items)
+            return serving.Choices(state["scheduler"], items, cache_salt=salt, buffer=config.stream_buffer)
         except APIError as e:
             state["metrics"].rejected.labels(reason=e.code or str(e.status)).inc()
             raise
@@ -167,7 +197,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
     async def completions(req: CompletionRequest, raw: Request):
         kwargs, spec = admit(req)
         prompts = await asyncio.to_thread(serving.tokenize_completion_prompts, engine, req.prompt)
-        choices = await start(req, prompts, kwargs, spec, default_max=16)
+        choices = await start(req, raw, prompts, kwargs, spec, default_max=16)
         head = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": config.model_name}
         offsets = [logprobs.TextOffsets() for _ in choices.jobs]
         prov = provenance.wanted(req)
@@ -192,7 +222,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
     async def chat_completions(req: ChatCompletionRequest, raw: Request):
         kwargs, spec = admit(req)
         prompts = [await asyncio.to_thread(serving.tokenize_chat, engine, req.messages)]
-        choices = await start(req, prompts, kwargs, spec, default_max=None)
+        choices = await start(req, raw, prompts, kwargs, spec, default_max=None)
         head = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": config.model_name}
 
         prov = provenance.wanted(req)
@@ -334,7 +364,8 @@ def run_server(engine, config: ServerConfig, host: str = "127.0.0.1", port: int 
     dead: list[BaseException] = []
     sock = listen_socket(host, port)
     bound = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=drain_timeout))
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=drain_timeout,
+                                           limit_concurrency=config.connections, timeout_keep_alive=5))
 
     def on_fatal(error: BaseException) -> None:  # every request has its error already: stop serving
         dead.append(error)

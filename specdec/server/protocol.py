@@ -61,6 +61,10 @@ class _GenerationRequest(_Lenient):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    cache_salt: str | None = Field(None, min_length=1, max_length=256, description=(
+        "Prefix-cache salt (vLLM's): the request reuses cached prompt prefixes only of requests with the same "
+        "salt and API key, so that clients who do not share a salt cannot learn each other's prompts from "
+        "cached_tokens or timing."))
     speculative: SpeculativeOptions | None = None
 
 

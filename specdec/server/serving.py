@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import logging
 import math
 import typing
 from dataclasses import dataclass, fields
@@ -20,7 +21,7 @@ from dataclasses import dataclass, fields
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from specdec.output import StreamChunk
-from specdec.scheduler import QueueFullError, SchedulerClosedError
+from specdec.scheduler import QueueFullError, SchedulerClosedError, SchedulerDiedError
 from specdec.server.errors import APIError
 from specdec.server.protocol import (
     ChatCompletionRequest, CompletionRequest, PromptTokensDetails, SpeculativeStats, Usage,
@@ -29,10 +30,12 @@ from specdec.params import SamplingParams, SpecConfig
 from specdec.stats import acceptance_rate, mean_accepted_length
 from specdec.types import GenerationResult
 
+log = logging.getLogger(__name__)
+
 SERVER_FIELDS = frozenset({
     "model", "prompt", "messages", "n", "stream", "stream_options", "user", "speculative", "echo", "suffix",
     "best_of", "logprobs", "top_logprobs", "tools", "tool_choice", "response_format", "max_tokens",
-    "max_completion_tokens", "stop", "seed", "parallel_tool_calls", "metadata", "store", "service_tier",
+    "max_completion_tokens", "stop", "seed", "parallel_tool_calls", "metadata", "store", "service_tier", "cache_salt",
 })
 """Request fields the server handles itself (or refuses) instead of passing them to SamplingParams."""
 
@@ -272,27 +275,47 @@ def usage(prompts: list[list[int]], results: list[GenerationResult]) -> Usage:
                  prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
 
+class StreamOverflowError(RuntimeError):
+    """A client left more than :attr:`Choices.buffer` events unread: its request was cancelled."""
+
+
 class Choices:
     """The jobs of one HTTP request, and the asyncio queue their events arrive on.
 
     Args:
         scheduler: Where the jobs run.
         items: ``(prompt_ids, params, spec)`` per choice, in choice order.
+        cache_salt: The requests' prefix-cache salt (:class:`~specdec.scheduler.Job`).
+        buffer: Most events waiting in the queue: a client that reads none (stopped reading a stream, or
+            gone without the server noticing yet) while more arrive has its choices cancelled, and the
+            queue ends with a :class:`StreamOverflowError`, instead of growing without bound.
 
     Raises:
         APIError: 429 when the queue is full, 503 while the server shuts down.
     """
 
-    def __init__(self, scheduler, items: list[tuple[list[int], SamplingParams, SpecConfig]]):
+    def __init__(self, scheduler, items: list[tuple[list[int], SamplingParams, SpecConfig]], cache_salt: str = "",
+                 buffer: int = 4096):
         loop = asyncio.get_running_loop()
         self.events: asyncio.Queue[tuple[int, StreamChunk | BaseException]] = asyncio.Queue()
+        self.buffer, self.overflowed = buffer, False
+
+        def put(item) -> None:  # on the event loop
+            if self.overflowed:
+                return
+            if self.events.qsize() >= self.buffer:
+                self.overflowed = True
+                self.cancel()
+                item = (item[0], StreamOverflowError(f"the client read none of the last {self.buffer} chunks"))
+            self.events.put_nowait(item)
 
         def emitter(i: int):
-            return lambda ev: loop.call_soon_threadsafe(self.events.put_nowait, (i, ev))
+            return lambda ev: loop.call_soon_threadsafe(put, (i, ev))
 
         self.scheduler = scheduler
         try:
-            self.jobs = scheduler.submit_many([(p, s, spec, emitter(i)) for i, (p, s, spec) in enumerate(items)])
+            self.jobs = scheduler.submit_many([(p, s, spec, emitter(i), cache_salt)
+                                               for i, (p, s, spec) in enumerate(items)])
         except QueueFullError as e:
             raise APIError(429, str(e), code="queue_full") from None
         except SchedulerClosedError as e:
@@ -320,8 +343,17 @@ class Choices:
 
 
 def engine_error(e: BaseException) -> APIError:
-    """An error raised in the scheduler thread as an API error (400 for ValueError, else 500)."""
+    """An error raised in the scheduler thread as an API error: 400 for a ValueError (the request's own
+    fault, its message written for clients), 503 when the scheduler died or the client's stream overflowed,
+    else 500 saying only that generation failed; the details go to the log, not to the client."""
     if isinstance(e, ValueError):
         return APIError(400, str(e))
-    return APIError(500, f"generation failed: {e}", type="server_error")
+    if isinstance(e, StreamOverflowError):
+        return APIError(503, f"request cancelled: {e}", code="client_too_slow")
+    log.error("request failed in the engine", exc_info=e)
+    if isinstance(e, SchedulerDiedError):
+        return APIError(503, "the server hit an internal error and is restarting; retry shortly",
+                        code="server_dead")
+    return APIError(500, "generation failed: internal error (the server's log has the details)",
+                    type="server_error")
 

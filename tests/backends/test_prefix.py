@@ -45,7 +45,7 @@ def test_parking_is_bounded_and_lru():
 
 def test_saved_prefixes_are_bounded_lru_and_superseded():
     lm = TableLM(vocab=40, n_seq_max=6, saves=True)
-    lm.prefix.configure(max_sequences=2, max_tokens=100)
+    lm.prefix.configure(max_sequences=2, max_tokens=9)  # saved prefixes: bounded by tokens (host memory)
     caches = [SequenceCache(lm) for _ in range(4)]
     for i, c in enumerate(caches):
         c.score([1, 2, 3, i], 1)
@@ -58,7 +58,7 @@ def test_saved_prefixes_are_bounded_lru_and_superseded():
     logits = new.score([1, 2, 3, 0, 9], 1)  # shares 4 tokens with the first saved prefix: loaded
     assert new.reused == 4 and list(lm.prefix.saved.values())[-1].tokens == [1, 2, 3, 0]
     np.testing.assert_array_equal(logits[0], lm.logits_after([1, 2, 3, 0, 9]))
-    caches[2].finish()  # a third: the least recently used ([1, 2, 3, 1]) goes
+    caches[2].finish()  # a third is over 9 tokens: the least recently used ([1, 2, 3, 1]) goes
     assert [p.tokens for p in lm.prefix.saved.values()] == [[1, 2, 3, 0], [1, 2, 3, 2]]
     new.finish()  # [1, 2, 3, 0, 9] supersedes its own prefix [1, 2, 3, 0]
     assert [p.tokens for p in lm.prefix.saved.values()] == [[1, 2, 3, 2], [1, 2, 3, 0, 9]]
@@ -69,6 +69,54 @@ def test_saved_prefixes_are_bounded_lru_and_superseded():
     assert [p.tokens for p in lm.prefix.saved.values()] == [[1, 2, 3, 2]] or not lm.prefix.saved
     lm.prefix.configure(0, 0)
     assert not lm.prefix.saved
+
+
+def test_saved_prefixes_outnumber_the_running_sequences():
+    """Issue 37: saved prefixes were bounded by max_sequences too (a server's batch size, 8), so ten prompts
+    sent in turn evicted each other before their second turn (LRU over a longer cycle misses every time);
+    only tokens (host memory) bound them now."""
+    lm = TableLM(vocab=60, n_seq_max=3, saves=True)
+    lm.prefix.configure(max_sequences=2, max_tokens=10_000)
+    prompts = [[5 + i, 1, 2, 3, 4, 5, 6, 7] for i in range(40)]
+    for turn in range(2):
+        for p in prompts:
+            c = SequenceCache(lm)
+            c.score(p + [9], 1)
+            assert c.reused == (len(p) if turn else 0), (turn, p)
+            c.finish()
+    assert len(lm.prefix.saved) == 40 and not lm.prefix.parked
+
+
+def test_salts_keep_prefixes_apart():
+    """Issue 37: a sequence copies only from donors of its own salt (saved, live, or being filled), so
+    a tenant learns nothing from a cache hit about another tenant's prompts."""
+    lm = TableLM(vocab=60, n_seq_max=6, saves=True)
+    lm.prefix.configure(max_sequences=4, max_tokens=1000)
+    prompt = list(range(10, 50))
+    a = SequenceCache(lm, salt="alice")
+    a.score(prompt, 1)
+    b = SequenceCache(lm, salt="bob")  # alice's sequence is live: not a donor for bob
+    b.score(prompt, 1)
+    assert b.reused == 0
+    a.finish()
+    b.finish()
+    assert sorted(p.salt for p in lm.prefix.saved.values()) == ["alice", "bob"]  # neither supersedes the other
+    for salt in ("alice", "bob"):
+        c = SequenceCache(lm, salt=salt)
+        assert c.lacking(prompt + [1], 1) == 1
+        c.score(prompt + [1], 1)
+        assert c.reused == len(prompt)
+        c.free()
+    c = SequenceCache(lm, salt="carol")
+    assert c.lacking(prompt + [1], 1) == len(prompt) + 1 and not c.should_wait(prompt + [1], 1)
+    c.score(prompt + [1], 1)
+    assert c.reused == 0
+    filling = SequenceCache(lm, salt="dave")
+    filling.filling = prompt * 2  # dave is still evaluating a long prompt: only dave's requests wait for it
+    filling.tokens = prompt[:1]
+    waiting = SequenceCache(lm, salt="erin")
+    assert not waiting.should_wait(prompt * 2, 1)
+    assert SequenceCache(lm, salt="dave").should_wait(prompt * 2, 1)
 
 
 @pytest.fixture(scope="module", params=GGUF_BACKENDS)

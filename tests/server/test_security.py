@@ -99,10 +99,13 @@ def test_dead_scheduler_fails_requests_and_health_says_so(tiny_target_path, tiny
             monkeypatch.setattr(Scheduler, "_admit", boom)
             r2 = httpx.post(f"{srv.url}/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=60)
             events = sse_events([first, *lines])
-        assert r2.status_code == 500 and "scheduler thread died" in r2.json()["error"]["message"]
-        assert events[-1] == "[DONE]" and "scheduler thread died" in events[-2]["error"]["message"]
+        # issue 37: clients are told what happened in their words; the bug's own text goes to the log only
+        assert r2.status_code == 503 and r2.json()["error"]["code"] == "server_dead", r2.text
+        assert "injected" not in r2.text and "restarting" in r2.json()["error"]["message"]
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "server_dead"
+        assert "injected" not in str(events)
         health = httpx.get(f"{srv.root}/health", timeout=30)
-        assert health.status_code == 503 and health.json()["status"] == "error"
+        assert health.status_code == 503 and health.json()["status"] == "error" and "injected" not in health.text
         r3 = httpx.post(f"{srv.url}/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=60)
         assert r3.status_code == 503 and r3.json()["error"]["code"] == "server_dead"
     assert not engine.target.busy_sequences and not engine.draft.busy_sequences
@@ -141,7 +144,7 @@ def test_serve_exits_nonzero_when_the_scheduler_dies(tiny_target_path, tiny_draf
         assert url, "the server did not start"
         assert httpx.post(f"{url}/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=60).status_code == 200
         r = httpx.post(f"{url}/completions", json={"prompt": "hi", "max_tokens": 13}, timeout=60)
-        assert r.status_code == 500
+        assert r.status_code == 503 and "injected" not in r.text
         assert proc.wait(timeout=60) == 1
         errors = [line for line in proc.stderr.read().splitlines() if line.startswith("specdec: error:")]
         assert len(errors) == 1 and "scheduler thread died" in errors[0], errors

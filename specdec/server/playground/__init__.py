@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from importlib import resources
 
-from fastapi import APIRouter
+from fastapi import FastAPI
 from fastapi.responses import Response
 
 FILES = {
@@ -32,7 +32,19 @@ HEADERS = {
     "Cache-Control": "no-cache",
 }
 
-router = APIRouter(include_in_schema=False)
+def add_routes(app: FastAPI) -> None:
+    """Serve the page at ``/`` and ``/playground``, and its files at ``/playground/NAME``, on ``app``
+    (routes of the app itself, not an included router: :class:`~specdec.server.access.AccessMiddleware`
+    resolves requests against the app's routes)."""
+
+    async def page() -> Response:
+        """The playground's page (HTML)."""
+        return Response(static_text("index.html"), media_type="text/html; charset=utf-8", headers=HEADERS)
+
+    for path in ("/", "/playground"):
+        app.get(path, include_in_schema=False)(page)
+    for name, media_type in FILES.items():
+        _static_route(app, name, media_type)
 
 
 @functools.lru_cache(maxsize=None)
@@ -45,20 +57,9 @@ def static_text(name: str) -> str:
     return resources.files(__package__).joinpath("static", name).read_text(encoding="utf-8")
 
 
-@router.get("/")
-@router.get("/playground")
-async def page() -> Response:
-    """The playground's page (HTML)."""
-    return Response(static_text("index.html"), media_type="text/html; charset=utf-8", headers=HEADERS)
-
-
-def _static_route(name: str, media_type: str) -> None:
+def _static_route(app: FastAPI, name: str, media_type: str) -> None:
     """Serve ``static/NAME`` at ``/playground/NAME`` (a fixed list of names: no path from the request
     reaches the file system)."""
-    @router.get(f"/playground/{name}")
+    @app.get(f"/playground/{name}", include_in_schema=False)
     async def static() -> Response:
         return Response(static_text(name), media_type=media_type, headers=HEADERS)
-
-
-for _name, _type in FILES.items():
-    _static_route(_name, _type)
