@@ -10,7 +10,7 @@ from __future__ import annotations
 import operator
 from typing import Iterator, Sequence
 
-from specdec.adaptive import CostModel
+from specdec.policy.cost import CostModel
 from specdec.backends.base import Backend
 from specdec.backends.chat_template import chat_pieces, encode_pieces
 from specdec.output import StreamChunk

@@ -30,7 +30,7 @@ class ServerMetrics:
     Args:
         num_waiting: Returns the number of requests waiting for a slot (read at scrape time).
         num_running: Returns the number of requests in the running batch.
-        cost: The engine's :class:`~specdec.adaptive.CostModel`, whose target-call timings are exported at
+        cost: The engine's :class:`~specdec.policy.cost.CostModel`, whose target-call timings are exported at
             scrape time (``specdec_target_call_seconds``), or None.
     """
 

@@ -5,7 +5,7 @@ into chunks, it rides along the running requests' decode steps, one chunk per ca
 piggybacking: Agrawal et al. 2023, arXiv 2308.16369), so a running request waits at most one chunk for its
 next token. The chunk size trades the running requests' inter-token latency against the new request's
 time to first token; as Sarathi-Serve does (Agrawal et al. 2024, arXiv 2403.02310), it is
-chosen from the measured cost curve ``S(n)`` (:class:`~specdec.adaptive.CostModel`): the chunk ``c`` grows
+chosen from the measured cost curve ``S(n)`` (:class:`~specdec.policy.cost.CostModel`): the chunk ``c`` grows
 while the call stays within a latency bound relative to the decode step alone,
 
     S(d + c) <= PREFILL_STALL * S(d),        d = the call's decode tokens (at least 1)
@@ -76,7 +76,7 @@ def prefill_budget(chunk_tokens: int | None, cost, decode_tokens: int, greedy: b
     Args:
         chunk_tokens: The setting: ``None`` = whole prompts (no limit), 0 = automatic (see the module
             docstring), ``n > 0`` = ``n`` tokens.
-        cost: The engine's :class:`~specdec.adaptive.CostModel` (read only), or None (automatic then
+        cost: The engine's :class:`~specdec.policy.cost.CostModel` (read only), or None (automatic then
             gives :data:`PREFILL_DEFAULT`).
         decode_tokens: Tokens the call's running sequences are expected to add (drafts plus one each);
             0 when no sequence decodes in the call (then at least :data:`PREFILL_IDLE`).

@@ -129,7 +129,7 @@ class SequenceState:
     def committed_per_call(self) -> float:
         """Tokens this sequence is expected to commit in its next target call: a moving average over its
         last calls (weight :data:`RECENT_WEIGHT` on the last; 1 before any), the ``Y`` it brings to other
-        sequences' choices (:class:`~specdec.adaptive.Load`). Recent, not the mean of its life: when the
+        sequences' choices (:class:`~specdec.policy.cost.Load`). Recent, not the mean of its life: when the
         batch starts drafting, the others must see what drafting now commits, or each would price its
         own drafts against a stale, too slow call and all keep drafting where none pays."""
         return self._recent_committed

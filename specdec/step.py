@@ -8,7 +8,7 @@ For a list of running sequences (one request alone, or a scheduler's whole batch
    token (a plain step). A new sequence whose prompt an older one is still prefilling waits to copy that
    part (the prefix cache);
 1. **propose**: each prefilled sequence's proposer drafts ``k`` tokens (one or more candidate
-   continuations; none on a plain step), knowing what else shares the call (:class:`~specdec.adaptive.Load`:
+   continuations; none on a plain step), knowing what else shares the call (:class:`~specdec.policy.cost.Load`:
    the other sequences' tokens and expected commits, so ``auto`` prices its drafts at their marginal cost);
 2. **score**: the target evaluates [last committed token] + drafts of every candidate of every sequence
    in ONE backend call, giving ``[k+1, V]`` logits per candidate;
@@ -34,7 +34,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from specdec.adaptive import ALONE, Load
+from specdec.policy.cost import ALONE, Load
 from specdec.backends.base import Backend
 from specdec.prefill import prefill_budget, share_budget
 from specdec.proposers.base import Outcome
@@ -103,7 +103,7 @@ def speculative_step(target: Backend, seqs: Sequence[SequenceState], cost=None,
         target: The target model's backend.
         seqs: The running sequences, oldest first (the oldest waiting prompt is sure of half the prompt
             budget).
-        cost: A :class:`~specdec.adaptive.CostModel` to learn from the report (and to price the prefill
+        cost: A :class:`~specdec.policy.cost.CostModel` to learn from the report (and to price the prefill
             budget and the proposals' load), or None.
         prefill_chunk: Prompt tokens per call (:func:`specdec.prefill.prefill_budget`): ``None`` = whole
             prompts, 0 = chosen from the cost model, ``n > 0`` = ``n``. A sequence beyond the budget

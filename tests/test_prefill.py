@@ -12,7 +12,7 @@ from conftest import GGUF_BACKENDS
 from fake_lm import TableLM
 from server_helpers import LONG, PROMPTS, tiny_engine
 
-from specdec.adaptive import CostModel
+from specdec.policy.cost import CostModel
 from specdec.engine import Engine
 from specdec.params import SamplingParams, SpecConfig
 from specdec.prefill import (PREFILL_DEFAULT, PREFILL_IDLE, PREFILL_MAX, PREFILL_MIN, PREFILL_STALL, check_chunk_tokens,

@@ -211,7 +211,7 @@ def test_auto_learns_call_costs_under_batching(tiny_target_path, tiny_draft_path
 def test_target_call_metric_is_bounded():
     """/metrics exports S(n) at a fixed set of sizes, however many sizes were measured (chunked prefill
     measures hundreds): sizes 1-16 as measured, the grid beyond interpolated within the measured range."""
-    from specdec.adaptive import CostModel
+    from specdec.policy.cost import CostModel
     from specdec.metrics import CALL_SIZES
 
     cost = CostModel()

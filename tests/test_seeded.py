@@ -12,7 +12,7 @@ from fake_lm import TableLM
 from scipy import stats
 from server_helpers import PROMPTS, tiny_engine
 
-from specdec.adaptive import CostModel
+from specdec.policy.cost import CostModel
 from specdec.engine import Engine
 from specdec.params import SamplingParams, SpecConfig
 from specdec.scheduler import Scheduler

@@ -1,7 +1,7 @@
 """oneDNN-prepacked linear layers: cheaper float32 forward passes on CPU, most of all for a few rows.
 
 Why it matters for speculation: the cost of scoring ``k+1`` tokens against one decides whether a draft
-pays (see :mod:`specdec.adaptive`). With PyTorch's default CPU path (MKL ``sgemm``/``sgemv`` on dense
+pays (see :mod:`specdec.policy.cost`). With PyTorch's default CPU path (MKL ``sgemm``/``sgemv`` on dense
 weights), a forward pass of a few rows is far from memory-bound: measured on the 2-core CI machine
 (torch 2.13, Qwen2.5-Coder-1.5B float32), 1 row takes 0.38 s, 2 rows 0.85 s, 3 rows 1.23 s, 5 rows 0.82 s
 and 17 rows 1.17 s. With every ``nn.Linear`` swapped for a oneDNN inner product on weights converted

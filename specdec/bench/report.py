@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.adaptive import CostModel, TimingTable
+from specdec.policy.cost import CostModel, TimingTable
 from specdec.proposers.base import is_draft_kind
 from specdec.bench.plots import plots, score_curve_plot, split_name
 from specdec.stats import acceptance_rate, mean_accepted_length

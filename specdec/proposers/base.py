@@ -33,7 +33,7 @@ class Draws(Protocol):
         """Draft ``j`` (0-based in this step) from ``q`` (``[V] float64``)."""
 
 if TYPE_CHECKING:
-    from specdec.adaptive import CostModel
+    from specdec.policy.cost import CostModel
     from specdec.backends.base import Backend
     from specdec.params import SpecConfig
     from specdec.proposers.suffix_index import SuffixCache
@@ -78,7 +78,7 @@ class Proposal:
         confidence: ``[k'] float`` the proposer's estimate of each main-candidate draft's acceptance given
             the earlier ones accepted (suffix decoding: count ratios), or ``()`` when it has none.
         expected: Drafts of the main candidate the proposer expected to be accepted (``E(k') - 1`` by its
-            acceptance estimates before calibration, :class:`specdec.adaptive.Calibration`), or NaN when it
+            acceptance estimates before calibration, :class:`specdec.policy.cost.Calibration`), or NaN when it
             made no such prediction.
     """
 

@@ -1,6 +1,6 @@
 """Hybrid proposer: n-gram prompt lookup first (free), the draft model only when the lookup has no good
 match; registered as ``hybrid`` (choices by acceptance statistics alone) and ``auto`` (choices by the
-cost model of :mod:`specdec.adaptive`, plain steps included).
+cost model of :mod:`specdec.policy.cost`, plain steps included).
 
 Per step: the suffix of the context is looked up in an incremental n-gram index (newest earlier
 occurrence, longest suffix first, as :mod:`specdec.proposers.ngram` does), and the acceptance of the
@@ -13,7 +13,7 @@ further one (:func:`~specdec.proposers.base.drafter_kinds`).
 - ``auto``: the option (plain step, n-gram with k, suffix decoding with k, each drafter with k, timed and
   scored on its own) of highest predicted tokens per second, with probes after runs of plain steps
   (:class:`ProbeSchedule`; a probe tries the best option, whichever drafter it is). In a call shared
-  with other sequences the rate is the call's (eq. (3) of :mod:`specdec.adaptive`): drafts are priced
+  with other sequences the rate is the call's (eq. (3) of :mod:`specdec.policy.cost`): drafts are priced
   by their marginal cost there, so speculation turns itself off under load where it does not pay. A step
   whose sources cannot win even by a bound (:meth:`HybridProposer._out_of_reach`) is plain without pricing them.
   Suffix decoding (:mod:`specdec.proposers.suffix`) comes with a confidence per draft (count ratios); its
@@ -40,7 +40,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specdec.adaptive import AcceptanceStats, Choice, CostModel, expected_tokens
+from specdec.policy.cost import AcceptanceStats, Choice, CostModel, expected_tokens
 from specdec.backends.cache import SequenceCache
 from specdec.params import SamplingParams, SpecConfig
 from specdec.proposers.base import (EMPTY_PROPOSAL, Draws, Outcome, Proposal, ProposerContext, is_draft_kind,
@@ -166,7 +166,7 @@ class HybridProposer:
         draft: The draft-model proposer (prefilled lazily), or None; shorthand for ``drafts={"draft": draft}``.
         ngram_max: Longest suffix n-gram matched.
         ngram_min: Shortest suffix n-gram matched.
-        cost_model: The engine's :class:`~specdec.adaptive.CostModel` (timings and pooled acceptance),
+        cost_model: The engine's :class:`~specdec.policy.cost.CostModel` (timings and pooled acceptance),
             read here and fed by the step's reports.
         adaptive: True for ``auto`` (choose by the cost model), False for ``hybrid`` (by acceptance).
         suffix: A suffix-decoding proposer as one more source for ``auto`` (single paths), or None.
@@ -217,7 +217,7 @@ class HybridProposer:
         """``[min(available, cap)] float64`` conditional acceptance estimates of ``source`` (``"ngram"``,
         whose kind is ``ngram{order}``, ``"suffix"`` or a drafter's kind), capped by :meth:`cap`; with
         ``calibrated`` (``auto`` in a shared call, :meth:`_shared`), scaled by what the engine's choices of that
-        kind earned (:class:`~specdec.adaptive.Calibration`)."""
+        kind earned (:class:`~specdec.policy.cost.Calibration`)."""
         kind = _kind(source, order)
         accept = self.stats(kind).conditional(min(available, self.cap(source)))
         return self.cost.calibration(kind).apply(accept) if calibrated and self._shared() else accept
@@ -231,7 +231,7 @@ class HybridProposer:
 
     def _shared(self) -> bool:
         """True when ``auto`` is planning a call shared with other sequences: only there are its estimates
-        calibrated (:class:`~specdec.adaptive.Calibration`). Alone, a draft that disappoints costs this
+        calibrated (:class:`~specdec.policy.cost.Calibration`). Alone, a draft that disappoints costs this
         request alone and its own statistics correct it within a few steps (measured: ``auto`` 1.1-1.2x plain
         alone); in a busy call the gain is a few percent at best and the whole batch pays for the error."""
         return self.adaptive and self.cost.load.sequences > 0
@@ -373,7 +373,7 @@ class HybridProposer:
         at most :attr:`tree` branches of at most the slow-start cap's drafts, each scored with its root; a
         branch off the main path's first draft starts with at most ``min(alpha_1 / c_1, 1 - alpha_1)`` (its
         count ratio, at most 1, scaled as :meth:`_tree` scales it, within the mass the main token leaves), and
-        every other node has at most ``alpha_1``. Exact: it never changes a choice (tests/test_out_of_reach.py)."""
+        every other node has at most ``alpha_1``. Exact: it never changes a choice (tests/policy/test_out_of_reach.py)."""
         cm, load = self.cost, self.cost.load
         thresholds = cm.reach_thresholds(greedy, plain, load)  # [x_max] by the most scored tokens an option adds
 
@@ -483,7 +483,7 @@ class HybridProposer:
         """A cheap step of ``best``'s source to refresh its acceptance estimate: the best k whose step is
         predicted to cost at most :data:`PROBE_COST` - 1 tokens of plain decoding: alone, that many lone plain
         steps longer than the plain step; in a shared call, the extra seconds times the plain call's rate
-        (eq. (3) of :mod:`specdec.adaptive`), since the whole batch waits for it. The draft's catch-up is paid
+        (eq. (3) of :mod:`specdec.policy.cost`), since the whole batch waits for it. The draft's catch-up is paid
         in full (a probe must not start a long draft prefill)."""
         cm, load = self.cost, self.cost.load
         budget = plain.seconds + (PROBE_COST - 1) / plain.rate

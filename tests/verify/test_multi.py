@@ -233,7 +233,7 @@ def test_duplicate_first_tokens_share_the_child():
 
 def test_eos_inside_a_branch_is_an_ordinary_accepted_draft():
     """The verifier knows no end-of-generation token: an EOS draft inside a branch is accepted like any
-    token (the commit stops there; tests/test_multi_draft.py checks that end to end)."""
+    token (the commit stops there; tests/proposers/test_multi_draft.py checks that end to end)."""
     eos, eye = 3, np.eye(4)
     p = np.stack([eye[0], eye[eos], np.full(4, 0.25)])
     cands = [Draft([0, 1], np.full((2, 4), 0.25)), Draft([0, eos, 2], np.full((3, 4), 0.25))]

@@ -2,13 +2,14 @@
 split and the measured ``S(n)`` makes the extra scored tokens pay, and never where it is compute-bound.
 
 Policy tests run without models (a scripted text stands in for the target, the cost tables are frozen, as
-in tests/test_adaptive.py); the engine tests check that trees chosen by ``auto`` keep the output plain
+in tests/policy/test_cost.py); the engine tests check that trees chosen by ``auto`` keep the output plain
 decoding's on the tiny GGUF, greedy and seeded.
 """
 
 import numpy as np
 import pytest
-from test_adaptive import GREEDY, FrozenCost, cpu_seconds
+from policy_helpers import (A, B, C, GREEDY, X, Y, FrozenCost, accepted_path, cpu_seconds, flat_seconds,
+                            linear_seconds, split_text)
 
 from specdec.engine import Engine
 from specdec.params import SamplingParams, SpecConfig
@@ -17,45 +18,12 @@ from specdec.proposers.hybrid import TREE_ALTERNATIVES
 from specdec.step import StepReport
 
 
-def flat_seconds(n: int) -> float:
-    """A GPU-like curve: up to 39 tokens cost one token's time."""
-    return 0.030
-
-
-def linear_seconds(n: int) -> float:
-    """A fully compute-bound curve: every scored token costs the same."""
-    return 0.035 * n
-
-
-A, B, C, X, Y = 101, 102, 103, 7, 8
-
-
-def split_text(rng: np.random.Generator, n: int = 40, vocab: range = range(200, 400)) -> list[int]:
-    """Segments ``A B C`` + (``X`` or ``Y``, each half the time) + 3 of the branch's fixed tokens + novel
-    filler: after ``A B C`` the counts split evenly between two continuations."""
-    out: list[int] = []
-    for _ in range(n):
-        branch = [X, 11, 12, 13] if rng.random() < 0.5 else [Y, 21, 22, 23]
-        out += [A, B, C] + branch + rng.choice(vocab, 2).tolist()
-    return out
-
-
 def auto(cost, tree=TREE_ALTERNATIVES, free=8):
     return HybridProposer(cost_model=cost, adaptive=True, suffix=SuffixProposer(), tree=tree,
                           free_sequences=lambda: free)
 
 
-def accepted_path(proposal, truth):
-    """Greedy tree verification with the true text as the target: ``(candidate, accepted drafts)`` of the
-    candidate that follows the truth furthest (the main one on ties, as the verifier walks the tree)."""
-    best = (0, 0)
-    for i, cand in enumerate(proposal.candidates):
-        a = 0
-        while a < len(cand.tokens) and cand.tokens[a] == truth[a]:
-            a += 1
-        if a > best[1]:
-            best = (i, a)
-    return best
+
 
 
 def simulate(proposer, cost, text, prompt_len, seconds, k_cap=16):

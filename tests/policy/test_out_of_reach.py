@@ -8,10 +8,10 @@ import dataclasses
 
 import numpy as np
 import pytest
-from test_adaptive import GREEDY, FrozenCost, copy_text, cpu_seconds
-from test_tree_policy import accepted_path, flat_seconds, linear_seconds, split_text
+from policy_helpers import (GREEDY, FrozenCost, accepted_path, copy_text, cpu_seconds, flat_seconds, linear_seconds,
+                            split_text)
 
-from specdec.adaptive import Load
+from specdec.policy.cost import Load
 from specdec.proposers import HybridProposer, Outcome, Proposal, SuffixProposer
 from specdec.step import StepReport
 

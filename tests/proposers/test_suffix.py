@@ -343,7 +343,7 @@ def test_seeded_suffix_equals_seeded_plain_on_the_tiny_gguf(plain_tiny, alternat
 
 
 def test_auto_takes_suffix_drafts_on_copies_and_their_estimate_is_capped_by_counts():
-    from test_adaptive import FrozenCost, copy_text, cpu_seconds, simulate
+    from policy_helpers import FrozenCost, copy_text, cpu_seconds, simulate
 
     from specdec.proposers import HybridProposer, Proposal
 

@@ -1,5 +1,5 @@
-"""Online wall time of a target call by its size: the table behind ``S(n)`` of :mod:`specdec.adaptive`
-(and ``P(m)`` of :mod:`specdec.batch_cost`). Numbers only: it knows nothing of models or tokens."""
+"""Online wall time of a target call by its size: the table behind ``S(n)`` of :mod:`specdec.policy.cost`
+(and ``P(m)`` of :mod:`specdec.policy.batch_cost`). Numbers only: it knows nothing of models or tokens."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What a draft token costs in a target call shared with other sequences.
 
-:class:`specdec.adaptive.CostModel` prices a call by its total tokens, ``S(n)``, whatever the split between
+:class:`specdec.policy.cost.CostModel` prices a call by its total tokens, ``S(n)``, whatever the split between
 sequences and drafts. On the default pair on a 2-core CPU that is not so (``docs/bench/README.md``, "Drafts
 in a busy pass"): a draft token added more to a shared call than another sequence's token, and ``S(n)`` for
 the sizes drafts land on is learned mostly from plain calls of ``n`` sequences (a bigger batch), rarely
@@ -12,7 +12,7 @@ mean seconds of a call of ``m`` sequences with one token each (every plain step 
 ``d`` the call's other tokens (drafts and token-tree alternatives), a call that took ``y`` seconds gives
 ``y - P(m) = beta d + noise``, and ``beta`` is the least-squares slope through the origin over recent calls
 (sums decayed by :data:`DECAY` a call). The cost model prices a shared call's drafts at no less than
-``beta`` a token (:meth:`specdec.adaptive.CostModel.shared_curve`); a lone request's calls are not
+``beta`` a token (:meth:`specdec.policy.cost.CostModel.shared_curve`); a lone request's calls are not
 affected (``S(n)`` there is measured at its own sizes). Calls with prompt chunks are left out: chunk tokens
 need no logits and come in large runs, so they cost a call differently from drafts.
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from specdec.timing import TimingTable
+from specdec.policy.timing import TimingTable
 
 DECAY = 0.98
 """Weight of the evidence so far before each new call that carries drafts (~50 calls' memory)."""

@@ -1,6 +1,6 @@
 """What drafts cost and earn in a call shared with other sequences: the measured draft-token cost ``beta``
-(:mod:`specdec.batch_cost`) and the calibration of ``auto``'s acceptance estimates
-(:class:`specdec.adaptive.Calibration`). Timings are injected (no timed tests)."""
+(:mod:`specdec.policy.batch_cost`) and the calibration of ``auto``'s acceptance estimates
+(:class:`specdec.policy.cost.Calibration`). Timings are injected (no timed tests)."""
 
 import math
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specdec.adaptive import ALONE, Calibration, CostModel, Load, expected_tokens
-from specdec.batch_cost import MIN_EVIDENCE, SharedCallCost
+from specdec.policy.cost import ALONE, Calibration, CostModel, Load, expected_tokens
+from specdec.policy.batch_cost import MIN_EVIDENCE, SharedCallCost
 from specdec.params import SamplingParams
 from specdec.proposers import HybridProposer, Outcome, Proposal
 from specdec.step import StepReport, TargetCall

@@ -56,15 +56,15 @@ Two corrections apply in a shared call only (a lone request's choice is eq. (2) 
 table prices a call by its total tokens, but its sizes ``B + k + 1`` are learned mostly from plain calls of
 that many sequences, and a draft token was measured to cost more than another sequence's token: drafts are
 priced at no less than ``beta`` a token, the measured seconds a draft token adds to a shared call
-(:mod:`specdec.batch_cost`, :meth:`CostModel.shared_curve`). (b) The acceptance estimates are scaled by what
+(:mod:`specdec.policy.batch_cost`, :meth:`CostModel.shared_curve`). (b) The acceptance estimates are scaled by what
 the choices of their kind earned (:class:`Calibration`): choosing the option that looks best makes the chosen
 ones' estimates run high, and a few percent of overrating decides whether a draft in a busy call pays.
 
 This module knows numbers only: no models, tokens or arrays of logits. Nothing writes the cost model but
 :meth:`CostModel.observe_step` (and the step, which sets :attr:`CostModel.load` while a sequence
 proposes); proposers only read it. (Past 300 lines on purpose: the acceptance estimator and the choice
-are one model, each meaningless without the other; the timing tables are :mod:`specdec.timing` and
-:mod:`specdec.batch_cost`.)
+are one model, each meaningless without the other; the timing tables are :mod:`specdec.policy.timing` and
+:mod:`specdec.policy.batch_cost`.)
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdec.batch_cost import SharedCallCost
-from specdec.timing import CALL_N_MAX, TimingTable
+from specdec.policy.batch_cost import SharedCallCost
+from specdec.policy.timing import CALL_N_MAX, TimingTable
 
 N_MAX = 65
 """Most draft positions the acceptance statistics track, plus one (k_max = 64)."""
@@ -277,7 +277,7 @@ class CostModel:
         self._limits: dict[bool, int] = {}  # greedy -> size_limit, at _limits_version
         self._limits_version = -1
         self.shared = {True: SharedCallCost(), False: SharedCallCost()}
-        """Greedy? -> what a draft token adds to a call shared with other sequences (:mod:`specdec.batch_cost`)."""
+        """Greedy? -> what a draft token adds to a call shared with other sequences (:mod:`specdec.policy.batch_cost`)."""
         self._priced_extension: dict[bool, float] = {}  # greedy -> beta when the curve last changed
         self._reach: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # (greedy, B, shared?) -> (C(B+1+x), x)
         self._reach_version = -1  # the _version _reach was priced at (reach_thresholds)
@@ -461,7 +461,7 @@ class CostModel:
     def shared_curve(self, n_max: int, greedy: bool, load: Load = ALONE) -> np.ndarray:
         """``[n_max+1] float64``: :meth:`curve` for a call that other sequences share (``load``), where
         each token past the others' ``B`` and this request's first costs at least ``beta``, what a draft
-        token has been measured to add to a shared call (:mod:`specdec.batch_cost`):
+        token has been measured to add to a shared call (:mod:`specdec.policy.batch_cost`):
         ``S'(n) = max(S(n), S(B + 1) + beta (n - B - 1))`` for ``n > B + 1``. Alone (or before ``beta`` is
         known) it is :meth:`curve` itself. A lower bound only raises the price of drafts: the table's
         ``S(n)`` at those sizes comes mostly from calls of more sequences, not of more drafts."""

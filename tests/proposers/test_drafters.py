@@ -5,9 +5,9 @@ Uses the tiny target and draft models, plus a second tiny drafter (another seed,
 """
 
 import pytest
-from test_adaptive import GREEDY, PROMPT, FrozenCost
+from policy_helpers import GREEDY, PROMPT, FrozenCost
 
-from specdec.adaptive import CostModel
+from specdec.policy.cost import CostModel
 from specdec.cli import build_parser, main
 from specdec.engine import Engine
 from specdec.metrics import ServerMetrics
