@@ -1,9 +1,12 @@
 """Request settings, validated once at the edge: :class:`SamplingParams` (how logits become tokens, when to
 stop) and :class:`SpecConfig` (which proposer, how many draft tokens, which verifier).
 
-Method and verifier names come from their registries (:data:`specdec.proposers.PROPOSERS`,
-:data:`specdec.verify.VERIFIERS`); this module lists none of them itself. It knows nothing about models
-or arrays.
+A SpecConfig checks its names here, at the bottom, without importing a proposer or a verifier: methods
+and their default k from :data:`PROPOSERS`, the method registry's table, which lives here and which the
+proposers and policies fill as they are imported (:func:`specdec.proposers.register`; ``import specdec``
+imports them all); sampling verifiers from the plain names of :data:`SAMPLING_VERIFIERS`, which
+:data:`specdec.verify.VERIFIERS` asserts it matches. This module names no method itself, and knows nothing
+about models or arrays.
 """
 
 from __future__ import annotations
@@ -33,6 +36,16 @@ MAX_ALTERNATIVES = 8
 
 PLAIN_METHOD = "none"
 """The method name of plain decoding (no proposer)."""
+
+PROPOSERS: dict = {}
+"""Method name -> :class:`specdec.proposers.ProposerEntry`: the method registry's table, filled by
+:func:`specdec.proposers.register` (the proposers, then the policies of :mod:`specdec.policy`). It lives
+here so that :class:`SpecConfig` can check a method and find its default k without importing what fills
+it; this module reads only the names and ``default_k``. ``"none"`` (plain decoding) is not in it."""
+
+SAMPLING_VERIFIERS = ("token", "block", "gumbel", "multi")
+"""The verifiers a sampled request may choose (``SpecConfig.verify``), in the order of
+:data:`specdec.verify.VERIFIERS`, which asserts that its sampling entries are exactly these."""
 
 
 MAX_TEMPERATURE = 100.0
@@ -303,9 +316,8 @@ class SpecConfig:
 
 
 def method_names() -> tuple[str, ...]:
-    """Every ``SpecConfig.method``: the registered proposers, then ``"none"``."""
-    from specdec.proposers import PROPOSERS
-
+    """Every ``SpecConfig.method``: the registered proposers and policies, then ``"none"``."""
+    assert PROPOSERS, "no method is registered: the proposers and policies register themselves on `import specdec`"
     return (*PROPOSERS, PLAIN_METHOD)
 
 
@@ -315,13 +327,9 @@ def default_k(method: str) -> int:
     Raises:
         KeyError: for an unknown method.
     """
-    from specdec.proposers import PROPOSERS
-
     return 0 if method == PLAIN_METHOD else PROPOSERS[method].default_k
 
 
 def verifier_names() -> tuple[str, ...]:
     """The verifiers a sampled request may choose (``SpecConfig.verify``)."""
-    from specdec.verify import VERIFIERS
-
-    return tuple(name for name, v in VERIFIERS.items() if v.sampling)
+    return SAMPLING_VERIFIERS

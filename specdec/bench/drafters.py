@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.api import load_engine
     from specdec.backends.base import BackendError
     from specdec.bench.prompts import load_prompts
-    from specdec.cli.options import OneLineErrorParser
+    from specdec.options import OneLineErrorParser
     from specdec.models import DEFAULT_TARGET, ModelDownloadError, resolve_model
     from specdec.proposers.base import drafter_kinds
 

@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     """Measure the layouts on the default target (or ``--target``) and write the tables."""
     from specdec.api import GGUF_BACKENDS, _backend_loader, backend_name
     from specdec.backends.base import BackendError
-    from specdec.cli.options import OneLineErrorParser
+    from specdec.options import OneLineErrorParser
     from specdec.models import DEFAULT_TARGET, ModelDownloadError
 
     p = OneLineErrorParser(prog="python3 -m specdec.bench.kv_layout", description=__doc__.split("\n\n")[0])

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.api import load_engine
     from specdec.backends.base import BackendError
     from specdec.bench.prompts import CATEGORIES, load_prompts
-    from specdec.cli.options import OneLineErrorParser
+    from specdec.options import OneLineErrorParser
     from specdec.models import ModelDownloadError
 
     p = OneLineErrorParser(prog="python3 -m specdec.bench.overhead", description=__doc__.split("\n\n")[0])

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     """Print ``S(n)`` in ms per backend for the default target (or ``--target``), with the load average."""
     from specdec.api import GGUF_BACKENDS, _backend_loader, backend_name
 
-    from specdec.cli.options import OneLineErrorParser
+    from specdec.options import OneLineErrorParser
 
     p = OneLineErrorParser(prog="python3 -m specdec.bench.probe", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default=None, help="a known model name or a GGUF path (default: the default target)")

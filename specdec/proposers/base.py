@@ -8,7 +8,9 @@ Proposers never see the target's logits and never commit tokens.
 
 :data:`PROPOSERS` maps a method name to a :class:`ProposerEntry`: a factory that takes only what the
 engine offers (:class:`ProposerContext`) and the request's :class:`~specdec.params.SpecConfig`, and the
-method's default ``num_speculative_tokens``. Method names exist here and nowhere else.
+method's default ``num_speculative_tokens``. Method names exist in the modules that register them and
+nowhere else; the table itself is :data:`specdec.params.PROPOSERS`, at the bottom, where a
+:class:`~specdec.params.SpecConfig` checks its method without importing a proposer.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import numpy as np
 
-from specdec.params import SamplingParams
+from specdec.params import PROPOSERS, SamplingParams
 from specdec.verify.base import Draft
 
 
@@ -237,12 +239,9 @@ class ProposerEntry:
     uses_draft: bool = False
 
 
-PROPOSERS: dict[str, ProposerEntry] = {}
-"""Method name -> :class:`ProposerEntry`; ``"none"`` (plain decoding) is the one method not here."""
-
-
 def register(name: str, default_k: int, needs_draft: bool = False, uses_draft: bool | None = None):
-    """Decorator adding a factory ``(ProposerContext, SpecConfig) -> Proposer`` to :data:`PROPOSERS`."""
+    """Decorator adding a factory ``(ProposerContext, SpecConfig) -> Proposer`` to :data:`PROPOSERS`
+    (method name -> :class:`ProposerEntry`; ``"none"``, plain decoding, is the one method not there)."""
 
     def deco(factory):
         PROPOSERS[name] = ProposerEntry(factory, default_k, needs_draft,

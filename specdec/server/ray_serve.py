@@ -1,6 +1,6 @@
 """Scale-out on Ray Serve: the same FastAPI app as ``specdec serve``, as replicas behind Ray Serve's proxy.
 
-Each replica is a Ray actor that loads the target and the draft itself (:func:`specdec.cli.serve.load_server`,
+Each replica is a Ray actor that loads the target and the draft itself (:func:`specdec.options.serve.load_server`,
 the function ``specdec serve`` calls) and serves :func:`specdec.server.create_app`'s app, whose lifespan
 starts the replica's own scheduler: a replica batches its own requests, exactly like one ``specdec serve``
 process. The deployment uses Ray Serve's FastAPI integration late-bound (``@serve.ingress()`` with
@@ -42,8 +42,9 @@ request gives the same text again). Requests waiting in the proxy go to the othe
 Serve starts a replacement. A replica whose
 scheduler thread dies fails its health check and is replaced the same way.
 
-This module knows Ray Serve and the server's app; it does not know the engine's insides or the options'
-parsing (:mod:`specdec.cli.serve`).
+This module knows Ray Serve and the server's app; it takes a server process's options as
+:mod:`specdec.options.serve` parses, checks and loads them, and knows neither the engine's insides nor the
+command line (:mod:`specdec.cli`, which calls :func:`run_ray`).
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ except ImportError as e:  # pragma: no cover - exercised without ray installed
     _IMPORT_ERROR: ImportError | None = e
 else:
     _IMPORT_ERROR = None
+
+from specdec.options.serve import api_key_of, check_serve_args, load_server, parse_serve_args
 
 APP_NAME = "specdec"
 REPLICA_HEADER = "x-specdec-replica"
@@ -111,7 +114,7 @@ class ReplicaKey:
 
     Args:
         required: The driver serves with an API key.
-        value: The key, or the tenants' keys (:func:`specdec.cli.serve.api_key_of`); ``None`` when not
+        value: The key, or the tenants' keys (:func:`specdec.options.serve.api_key_of`); ``None`` when not
             required.
     """
 
@@ -120,7 +123,7 @@ class ReplicaKey:
 
 
 def replica_args(args: argparse.Namespace, key: ReplicaKey) -> argparse.Namespace:
-    """The options a replica loads with (:func:`specdec.cli.serve.load_server`): the driver's, with the key it
+    """The options a replica loads with (:func:`specdec.options.serve.load_server`): the driver's, with the key it
     resolved as ``api_key``. Without a key from the driver, a replica's own ``$SPECDEC_API_KEY`` still
     applies, as it would to ``specdec serve`` on that node.
 
@@ -167,7 +170,7 @@ if serve is not None:
         """One replica: the models, the scheduler and the app of one ``specdec serve`` process.
 
         Args:
-            args: ``specdec serve``'s options (:func:`specdec.cli.serve.parse_serve_args`), less the key.
+            args: ``specdec serve``'s options (:func:`specdec.options.serve.parse_serve_args`), less the key.
             key: The API key the driver resolved (:func:`application`).
 
         Raises:
@@ -175,8 +178,6 @@ if serve is not None:
         """
 
         def __init__(self, args: argparse.Namespace, key: ReplicaKey):
-            from specdec.cli.serve import load_server
-
             args = replica_args(args, key)
             keep_replica_port_on_loopback()
             self.engine, self.config = load_server(args)
@@ -271,8 +272,6 @@ def application(args: argparse.Namespace):
     Raises:
         ValueError: bad option values, or Ray Serve missing.
     """
-    from specdec.cli.serve import api_key_of, check_serve_args
-
     require_ray()
     check_serve_args(args)
     check_ray_args(args)
@@ -294,8 +293,6 @@ def build_app(builder_args: dict[str, str]):
     Raises:
         ValueError: an unknown option or a bad value.
     """
-    from specdec.cli.serve import parse_serve_args
-
     return application(parse_serve_args(builder_argv(builder_args)))
 
 

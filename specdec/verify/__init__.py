@@ -12,7 +12,7 @@ sequence uses. Verifiers know token ids and arrays, never proposers or models.
 
 from __future__ import annotations
 
-from specdec.params import SamplingParams, SpecConfig
+from specdec.params import SAMPLING_VERIFIERS, SamplingParams, SpecConfig
 from specdec.verify.base import Draft, RandomDraws, TargetRows, Verifier, VerifyResult, single_chain
 from specdec.verify.block import block_acceptance, block_residual, verify_block
 from specdec.verify.greedy import greedy, verify_greedy
@@ -30,6 +30,8 @@ VERIFIERS: dict[str, Verifier] = {
     "multi": Verifier("multi", verify_multi, sampling=True, multi=True),
 }
 """Verifiers by name; the ``sampling`` ones are the choices of ``SpecConfig.verify``."""
+assert tuple(name for name, v in VERIFIERS.items() if v.sampling) == SAMPLING_VERIFIERS, (
+    "specdec.params.SAMPLING_VERIFIERS, which SpecConfig checks, must list the sampling verifiers in this order")
 
 SEEDED_VERIFIER = "gumbel"
 """The verifier of seeded sampled requests when ``SpecConfig.verify`` is not given: the same seed gives the
