@@ -112,7 +112,7 @@ def one_request_layout(spec: SpecConfig, backend: str | None, n_ctx: int,
                        numerics: str | None = None) -> tuple[int, int | None]:
     """``(n_seq_max, kv_cells)`` of an engine that runs one request at a time (``generate``, ``bench``): one
     sequence, plus one for each alternative candidate of a token tree the method may score (``auto``'s
-    trees, :data:`~specdec.proposers.hybrid.TREE_ALTERNATIVES`; ``suffix``'s ``suffix_alternatives``), each
+    trees, :data:`~specdec.policy.auto.TREE_ALTERNATIVES`; ``suffix``'s ``suffix_alternatives``), each
     holding at most k + 1 cells of its own beside the context it shares (copied cells).
 
     On ik_llama.cpp spare sequences cost a lone decode nothing (62-64 ms a step with 1 or 4, measured on
@@ -121,7 +121,7 @@ def one_request_layout(spec: SpecConfig, backend: str | None, n_ctx: int,
     stays with chains. ``kv_cells`` None: the backend's default.
     """
     from specdec.params import MAX_SPECULATIVE_TOKENS
-    from specdec.proposers.hybrid import TREE_ALTERNATIVES
+    from specdec.policy.auto import TREE_ALTERNATIVES
 
     extra = spec.suffix_alternatives if spec.method in ("suffix", "auto") else 0
     if spec.method == "auto" and backend_name(backend) == "ik_llama.cpp" \
@@ -147,7 +147,7 @@ def model_names(target: str | None, draft: str | None, method: str) -> tuple[str
     """
     from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
-    from specdec.proposers import PROPOSERS
+    from specdec.policy.methods import PROPOSERS
 
     default_target = target in (None, DEFAULT_TARGET)
     target = target or DEFAULT_TARGET

@@ -15,7 +15,8 @@ from specdec.backends.base import Backend
 from specdec.backends.chat_template import chat_pieces, encode_pieces
 from specdec.output import StreamChunk
 from specdec.params import SamplingParams, SpecConfig
-from specdec.proposers import PROPOSERS, Proposer, ProposerContext
+from specdec.policy.methods import PROPOSERS
+from specdec.proposers import Proposer, ProposerContext
 from specdec.proposers.suffix_index import SuffixCache
 from specdec.request import Request, new_request
 from specdec.step import speculative_step

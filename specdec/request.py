@@ -15,7 +15,8 @@ from specdec.backends.base import Backend
 from specdec.backends.cache import SequenceCache
 from specdec.output import Output, StreamChunk
 from specdec.params import SamplingParams, SpecConfig
-from specdec.proposers.base import PROPOSERS, Proposer, ProposerContext
+from specdec.policy.methods import PROPOSERS
+from specdec.proposers.base import Proposer, ProposerContext
 from specdec.sampling import SamplingState
 from specdec.sequence import SequenceState
 from specdec.types import ModelInfo

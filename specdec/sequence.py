@@ -25,7 +25,7 @@ from specdec.params import SamplingParams
 from specdec.proposers.base import EMPTY_PROPOSAL, Outcome, Proposal, Proposer
 from specdec.sampling import SamplingState, make_rng
 from specdec.stats import GenerationStats
-from specdec.types import ModelInfo, TokenKind, TokenSource
+from specdec.types import ALONE, Load, ModelInfo, TokenKind, TokenSource
 from specdec.verify import Draft, NoiseDraws, PositionNoise, RandomDraws, TargetRows, Verifier, VerifyResult
 
 
@@ -179,14 +179,15 @@ class SequenceState:
         room = min(self.params.max_tokens - self.n_generated, self.model.n_ctx - len(self.context)) - 1
         return max(0, min(self.k_max, room))
 
-    def propose(self) -> Proposal:
-        """This step's proposal (after the prefill: :meth:`plan_prefill`)."""
+    def propose(self, load: Load = ALONE) -> Proposal:
+        """This step's proposal (after the prefill: :meth:`plan_prefill`); ``load``: what else shares the
+        step's target call (the proposer prices its drafts in it)."""
         assert not self.finished and self.prefilled
         k = self.draft_budget()
         if not k:
             return EMPTY_PROPOSAL
         draws = RandomDraws(self.rng) if self.noise is None else NoiseDraws(self.noise, self.n_generated)
-        return self.proposer.propose(self.context, k, self.params, draws)
+        return self.proposer.propose(self.context, k, self.params, draws, load=load)
 
     # -- 2. score ----------------------------------------------------------------------------------
     def plan(self, proposal: Proposal) -> ScorePlan:

@@ -41,7 +41,7 @@ class GenerationStats:
         decode_seconds: Wall time after the first token until the end, seconds.
         committed: Tokens committed by target calls (recovered/bonus included), for mean accepted length.
         adaptive: For hybrid/auto: the cost model's predicted speed-up and the choices taken by source
-            and k (see :class:`specdec.proposers.hybrid.PredictionLog`); empty otherwise.
+            and k (see :class:`specdec.policy.schedule.PredictionLog`); empty otherwise.
         by_drafter: Drafter kind (``draft``, ``draft:<name>``) -> ``{"proposed", "accepted", "seconds", "calls"}``:
             its draft tokens proposed and accepted, and its drafting wall time, seconds.
     """

@@ -8,7 +8,7 @@ For a list of running sequences (one request alone, or a scheduler's whole batch
    token (a plain step). A new sequence whose prompt an older one is still prefilling waits to copy that
    part (the prefix cache);
 1. **propose**: each prefilled sequence's proposer drafts ``k`` tokens (one or more candidate
-   continuations; none on a plain step), knowing what else shares the call (:class:`~specdec.policy.cost.Load`:
+   continuations; none on a plain step), knowing what else shares the call (:class:`~specdec.types.Load`:
    the other sequences' tokens and expected commits, so ``auto`` prices its drafts at their marginal cost);
 2. **score**: the target evaluates [last committed token] + drafts of every candidate of every sequence
    in ONE backend call, giving ``[k+1, V]`` logits per candidate;
@@ -34,7 +34,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from specdec.policy.cost import ALONE, Load
+from specdec.types import Load
 from specdec.backends.base import Backend
 from specdec.prefill import prefill_budget, share_budget
 from specdec.proposers.base import Outcome
@@ -142,8 +142,8 @@ def speculative_step(target: Backend, seqs: Sequence[SequenceState], cost=None,
         _, committed = expected.pop(seq)
         others = Load(load.tokens + sum(t for t, _ in expected.values()),
                       load.committed + sum(c for _, c in expected.values()), load.sequences + len(expected))
-        with report.isolate(seq), _sharing(cost, others):
-            plans[seq] = plan = seq.plan(seq.propose())
+        with report.isolate(seq):
+            plans[seq] = plan = seq.plan(seq.propose(others))
             load = Load(load.tokens + plan.n_tokens, load.committed + committed, load.sequences + 1)
 
     plans = {seq: plans[seq] for seq in seqs if seq in plans}  # the batch in the callers' order
@@ -171,19 +171,6 @@ def speculative_step(target: Backend, seqs: Sequence[SequenceState], cost=None,
     if cost is not None:
         cost.observe_step(report)
     return report
-
-
-@contextlib.contextmanager
-def _sharing(cost, load: Load) -> Iterator[None]:
-    """Tell the cost model what shares the call while one sequence proposes (``auto`` reads it)."""
-    if cost is None:
-        yield
-        return
-    cost.load = load
-    try:
-        yield
-    finally:
-        cost.load = ALONE
 
 
 def _score(target: Backend, plans: dict[SequenceState, ScorePlan],

@@ -135,3 +135,24 @@ class GenerationResult:
     accepted_mask: list[bool] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     provenance: list[TokenProvenance] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Load:
+    """What else shares the target call a request is planning, eq. (3) of :mod:`specdec.policy.cost`.
+
+    Attributes:
+        tokens: ``B``, decode tokens the other sequences add to the call (their drafts plus one; 1 for a
+            prompt's last chunk, none for its other chunks: see eq. (3) there).
+        committed: ``Y``, tokens they are expected to commit (recent accepted lengths; 1 for a prompt's last
+            chunk).
+        sequences: The other sequences that commit a token in the call (a prompt's last chunk included).
+    """
+
+    tokens: int = 0
+    committed: float = 0.0
+    sequences: int = 0
+
+
+ALONE = Load()
+"""The load of a request alone in its calls."""

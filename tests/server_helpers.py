@@ -31,14 +31,16 @@ LONG = "x" * 20
 token (most random-weight continuations hit one within ~100 tokens)."""
 
 
-def tiny_engine(target_path, draft_path, n_seq_max: int = 8, n_ctx: int = 512, backend: str = "llama.cpp") -> Engine:
-    """An engine on the tiny models with exact numerics and ``n_seq_max`` sequences per backend, on the
-    GGUF backend ``backend``.
+def tiny_engine(target_path, draft_path, n_seq_max: int = 8, n_ctx: int = 512, backend: str = "llama.cpp",
+                numerics: str = "exact") -> Engine:
+    """An engine on the tiny models and ``n_seq_max`` sequences per backend, on the GGUF backend ``backend``;
+    on ik_llama.cpp the target has ``numerics`` (``"exact"``, the product's default, or ``"fast"``: one shared
+    context, whose side prefill some tests exercise).
 
     One thread each: the tiny models need no more, and llama.cpp's thread barriers are slow when the
     machine's cores are busy with other work."""
     kw = {"n_seq_max": n_seq_max, "n_ctx": n_ctx, "n_threads": 1}
-    if backend == "ik_llama.cpp":  # the product's default: ik's shared context rounds by batch (issue 36)
+    if backend == "ik_llama.cpp" and numerics == "exact":  # the default: ik's shared context rounds by batch
         from specdec.backends.ik_exact import IkExactBackend
 
         target = IkExactBackend(target_path, name="tiny-target", **kw)

@@ -10,7 +10,8 @@ from fake_lm import TableLM
 from specdec.policy.cost import ALONE, AcceptanceStats, CostModel, Load, expected_tokens
 from specdec.engine import Engine
 from specdec.params import SamplingParams, SpecConfig
-from specdec.proposers import HybridProposer, Proposal
+from specdec.policy.auto import AutoProposer
+from specdec.proposers import Proposal
 
 GREEDY = SamplingParams(max_tokens=40)
 ALPHA = 0.6
@@ -72,10 +73,9 @@ def choose_k(seconds, load: Load) -> int:
     """Drafts ``auto`` proposes for one step of a copy, with ``load`` sharing the call."""
     cost = FrozenCost(seconds)
     prompt, context = copy_context()
-    p = HybridProposer(cost_model=cost, adaptive=True)
+    p = AutoProposer(cost_model=cost)
     p.prepare(prompt)
-    cost.load = load
-    return len(p.propose(context, 16, GREEDY, np.random.default_rng(0)).tokens)
+    return len(p.propose(context, 16, GREEDY, np.random.default_rng(0), load=load).tokens)
 
 
 def others(n: int) -> Load:
@@ -148,7 +148,7 @@ def test_step_turns_speculation_off_in_a_compute_bound_batch():
 
 
 class LoadRecorder:
-    """Proposes ``k`` wrong tokens every step and records the load the cost model announced."""
+    """Proposes ``k`` wrong tokens every step and records the load the step passed it."""
 
     def __init__(self, cost, k):
         self.cost, self.k, self.loads = cost, k, []
@@ -156,8 +156,8 @@ class LoadRecorder:
     def prepare(self, context):
         pass
 
-    def propose(self, context, k, params, draws):
-        self.loads.append(self.cost.load)
+    def propose(self, context, k, params, draws, load):
+        self.loads.append(load)
         return Proposal(tokens=[(context[-1] + 1) % 39] * min(k, self.k))
 
     def observe(self, outcome):
@@ -180,7 +180,6 @@ def test_each_proposer_is_told_the_others_tokens_and_commits():
         reqs.append(joining)
         committed = [r.seq.committed_per_call for r in reqs[:3]]
         engine.step(reqs, prefill_chunk=10).raise_failure()
-        assert engine.cost.load == ALONE  # only while a sequence proposes
         first = [rec.loads[-1] for rec in recorders]
         for _ in range(2):  # chunks 2 and 3
             engine.step(reqs, prefill_chunk=10).raise_failure()
@@ -203,19 +202,18 @@ def test_each_proposer_is_told_the_others_tokens_and_commits():
 
 def probe_choice(seconds, load: Load):
     """The probe ``auto`` would take for a copy (its n-gram option) with ``load`` sharing the call."""
-    from specdec.proposers.hybrid import PROBE_COST
+    from specdec.policy.schedule import PROBE_COST
 
     cost = FrozenCost(seconds, alpha=0.9)
     prompt, context = copy_context()
-    p = HybridProposer(cost_model=cost, adaptive=True)
+    p = AutoProposer(cost_model=cost)
     p.prepare(prompt)
     p.index.sync(context)
     match, order = p.index.lookup(16)
-    cost.load = load
     plain = cost.plain(True, load)
-    best = cost.best_k(p._accept("ngram", order, len(match)), lambda j: 0.0, True, load=load)
+    best = cost.best_k(p.estimates.accept("ngram", order, len(match), load), lambda j: 0.0, True, load=load)
     best = type(best)("ngram", best.k, best.tokens, best.seconds)
-    probe = p._probe(best, match, order, 16, {}, True, plain)
+    probe = p._probe(best, match, order, 16, {}, True, plain, load=load)
     return probe, plain, PROBE_COST
 
 

@@ -3,43 +3,15 @@ speculative greedy output must equal plain greedy output token for token."""
 
 import numpy as np
 import pytest
+from fake_proposers import ScriptedProposer
 
 from specdec.engine import Engine
 from specdec.backends.cache import SequenceCache
-from specdec.proposers import DraftModelProposer, Proposal
+from specdec.proposers import DraftModelProposer
 from specdec.params import SamplingParams, SpecConfig
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40)
-
-
-class ScriptedProposer:
-    """Proposes the continuation of a known token sequence, with chosen positions made wrong."""
-
-    def __init__(self, prompt_ids, script, wrong_at=(), vocab=256):
-        self.prompt_len = len(prompt_ids)
-        self.script = list(script)
-        self.wrong_at = set(wrong_at)
-        self.vocab = vocab
-        self.calls = []
-
-    def prepare(self, context):
-        pass
-
-    def propose(self, context, k, params, rng):
-        pos = len(context) - self.prompt_len
-        toks = []
-        for j in range(pos, min(pos + k, len(self.script))):
-            t = self.script[j]
-            toks.append((t + 1) % self.vocab if j in self.wrong_at else t)
-        self.calls.append((pos, len(toks)))
-        return Proposal(tokens=toks)
-
-    def observe(self, outcome):
-        pass
-
-    def close(self):
-        pass
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +32,7 @@ def prompt_ids(engine):
 
 
 def test_all_accepted_takes_bonus_path(engine, reference):
-    prop = ScriptedProposer(prompt_ids(engine), reference.token_ids)
+    prop = ScriptedProposer(len(prompt_ids(engine)), reference.token_ids)
     res = engine.generate(PROMPT, GREEDY, SpecConfig(num_speculative_tokens=4), proposer=prop)
     assert res.token_ids == reference.token_ids
     assert res.stats.accepted == res.stats.proposed > 0
@@ -70,7 +42,7 @@ def test_all_accepted_takes_bonus_path(engine, reference):
 
 @pytest.mark.parametrize("wrong", [(1,), (2,), (3,), (2, 5, 9), tuple(range(1, 40, 2))])
 def test_rejections_keep_plain_output(engine, reference, wrong):
-    prop = ScriptedProposer(prompt_ids(engine), reference.token_ids, wrong_at=wrong, vocab=engine.target.n_vocab)
+    prop = ScriptedProposer(len(prompt_ids(engine)), reference.token_ids, wrong_at=wrong, vocab=engine.target.n_vocab)
     res = engine.generate(PROMPT, GREEDY, SpecConfig(num_speculative_tokens=3), proposer=prop)
     assert res.token_ids == reference.token_ids
     assert res.stats.accepted < res.stats.proposed
@@ -78,7 +50,7 @@ def test_rejections_keep_plain_output(engine, reference, wrong):
 
 @pytest.mark.parametrize("max_tokens", range(1, 13))
 def test_max_tokens_never_overshot(engine, reference, max_tokens):
-    prop = ScriptedProposer(prompt_ids(engine), reference.token_ids)
+    prop = ScriptedProposer(len(prompt_ids(engine)), reference.token_ids)
     params = GREEDY.replace(max_tokens=max_tokens)
     res = engine.generate(PROMPT, params, SpecConfig(num_speculative_tokens=5), proposer=prop)
     assert res.token_ids == reference.token_ids[:max_tokens]
@@ -95,7 +67,7 @@ def test_eos_inside_block_ends_output(tiny_target, reference, eos_pos):
     tiny_target.eog_ids = frozenset({eos})
     try:
         eng = Engine(tiny_target, None, SpecConfig(method="ngram"))
-        prop = ScriptedProposer(eng.encode_prompt(PROMPT), ref)
+        prop = ScriptedProposer(len(eng.encode_prompt(PROMPT)), ref)
         res = eng.generate(PROMPT, GREEDY, SpecConfig(num_speculative_tokens=4), proposer=prop)
     finally:
         tiny_target.eog_ids = saved
@@ -112,7 +84,7 @@ def test_stop_string_across_blocks(engine, reference):
     right = b"".join(tb(t) for t in ids[:5]).decode("utf-8", "replace")
     stop = left[-2:] + right[len(left) : len(left) + 1]
     assert len(stop) >= 2
-    prop = ScriptedProposer(prompt_ids(engine), ids)
+    prop = ScriptedProposer(len(prompt_ids(engine)), ids)
     params = GREEDY.replace(stop=(stop,))
     chunks = list(engine.stream(PROMPT, params, SpecConfig(num_speculative_tokens=2), proposer=prop))
     res = chunks[-1].result
@@ -128,7 +100,7 @@ def test_drafting_near_end_of_context(tiny_target):
     n_ctx = eng.n_ctx
     ids = (eng.encode_prompt(PROMPT) * 100)[: n_ctx - 6]
     ref = eng.generate(ids, GREEDY.replace(max_tokens=100), SpecConfig(method="none"))
-    prop = ScriptedProposer(ids, ref.token_ids)
+    prop = ScriptedProposer(len(ids), ref.token_ids)
     res = eng.generate(ids, GREEDY.replace(max_tokens=100), SpecConfig(num_speculative_tokens=8), proposer=prop)
     assert res.finish_reason == "length"
     assert len(ids) + len(res.token_ids) == n_ctx

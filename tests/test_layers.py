@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                                              "specdec.distribution")),
     ("proposers", ("specdec.proposers",)),
     # the auto policy composes the proposers; its modules before the move (issue 38) are listed where they belong
-    ("policy", ("specdec.policy", "specdec.adaptive", "specdec.timing", "specdec.batch_cost", "specdec.proposers.hybrid")),
+    ("policy", ("specdec.policy",)),
     ("the step and its callers", ("specdec.sequence", "specdec.prefill", "specdec.output", "specdec.step",
                                   "specdec.policy.step", "specdec.request", "specdec.scheduler", "specdec.engine",
                                   "specdec.metrics")),
@@ -35,14 +35,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 (``specdec.server.ray_serve`` is above ``specdec.server``); ``specdec`` alone is the package's
 ``__init__``, the public API. A module may import its own layer and those before it."""
 
-POLICY_MOVE = "issue 38: policy move in progress"
-
 KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
-    # issue 38: policy move in progress: the package still imports hybrid, which registers hybrid and auto
-    ("specdec.proposers", "specdec.proposers.hybrid"): POLICY_MOVE,
-    # issue 38: policy move in progress: ProposerContext.cost is typed (TYPE_CHECKING) with the policy's
-    # CostModel: the context the engine hands every proposer factory names what only auto's factory uses
-    ("specdec.proposers.base", "specdec.policy.cost"): POLICY_MOVE,
     # issue 38, outside this change's files: a cycle inside specdec.backends: Backend.retain builds a
     # SequenceCache and PrefixCache annotates the caches it holds, while SequenceCache is built on both
     ("specdec.backends.base", "specdec.backends.cache"): "Backend.retain builds a SequenceCache",
@@ -173,9 +166,9 @@ def test_layers_import_downward_only():
 
 
 def test_known_exceptions_still_exist():
-    """An exception whose edge is gone is deleted (those of the policy move may be gone before it lands)."""
+    """An exception whose edge is gone is deleted."""
     graph = import_graph()
-    gone = [edge for edge, why in KNOWN_EXCEPTIONS.items() if why != POLICY_MOVE and edge[1] not in graph.get(edge[0], {})]
+    gone = [edge for edge in KNOWN_EXCEPTIONS if edge[1] not in graph.get(edge[0], {})]
     assert not gone, f"these edges are gone: delete them from KNOWN_EXCEPTIONS in tests/test_layers.py: {gone}"
 
 

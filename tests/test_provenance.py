@@ -3,38 +3,15 @@ and the output stage maps it to the characters of the text it wrote."""
 
 import numpy as np
 import pytest
+from fake_proposers import ScriptedProposer
 
 from specdec.engine import Engine
 from specdec.output import Output
 from specdec.params import SamplingParams, SpecConfig
-from specdec.proposers import Proposal
 from specdec.types import TokenSource
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40)
-
-
-class Scripted:
-    """Proposes the continuation of a known token sequence, wrong at chosen output positions, under a
-    chosen proposal kind."""
-
-    def __init__(self, prompt_len, script, wrong_at=(), vocab=256, kind=None):
-        self.prompt_len, self.script, self.wrong_at, self.vocab, self.kind = prompt_len, script, set(wrong_at), vocab, kind
-
-    def prepare(self, context):
-        pass
-
-    def propose(self, context, k, params, rng):
-        pos = len(context) - self.prompt_len
-        toks = [(self.script[j] + 1) % self.vocab if j in self.wrong_at else self.script[j]
-                for j in range(pos, min(pos + k, len(self.script)))]
-        return Proposal(tokens=toks, kind=self.kind if toks else None)
-
-    def observe(self, outcome):
-        pass
-
-    def close(self):
-        pass
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +39,7 @@ def test_plain_decoding_is_all_plain(reference):
 def test_rejection_then_full_block(engine, reference):
     # step 0 (the prompt's call) commits output token 0; step 1 drafts tokens 1..3 with token 2 wrong:
     # token 1 accepted, token 2 recovered; step 2 drafts 3..5, all right: three accepted and a bonus
-    prop = Scripted(len(engine.encode_prompt(PROMPT)), reference.token_ids, wrong_at=(2,),
+    prop = ScriptedProposer(len(engine.encode_prompt(PROMPT)), reference.token_ids, wrong_at=(2,),
                     vocab=engine.target.n_vocab, kind="ngram3")
     res = engine.generate(PROMPT, GREEDY, SpecConfig(num_speculative_tokens=3), proposer=prop)
     assert res.token_ids == reference.token_ids
@@ -75,7 +52,7 @@ def test_rejection_then_full_block(engine, reference):
 
 @pytest.mark.parametrize("wrong", [(), (1,), (2, 5, 9), tuple(range(1, 40, 2))])
 def test_provenance_agrees_with_stats(engine, reference, wrong):
-    prop = Scripted(len(engine.encode_prompt(PROMPT)), reference.token_ids, wrong_at=wrong, vocab=engine.target.n_vocab)
+    prop = ScriptedProposer(len(engine.encode_prompt(PROMPT)), reference.token_ids, wrong_at=wrong, vocab=engine.target.n_vocab)
     res = engine.generate(PROMPT, GREEDY, SpecConfig(num_speculative_tokens=4), proposer=prop)
     assert res.finish_reason == "length"  # nothing cut by a stop: the sums must match exactly
     steps = {}

@@ -129,7 +129,7 @@ def test_failing_request_fails_alone(engine, monkeypatch):
     def admit(prompt, params=None, spec=None, **kw):
         req = real_admit(prompt, params, spec, **kw)
         if params.max_tokens == 13:  # the poisoned one
-            def propose():
+            def propose(load):
                 raise RuntimeError("boom")
             req.seq.propose = propose
         return req

@@ -26,7 +26,7 @@ class TreeProposer:
     def prepare(self, context):
         pass
 
-    def propose(self, context, k, params, rng):
+    def propose(self, context, k, params, rng, load=None):
         pos = len(context) - self.prompt_len
         right = self.reference[pos: pos + min(k, self.k)]
         if not right:
@@ -77,7 +77,7 @@ def test_step_reports_the_call_and_isolates_a_failing_sequence():
         report = engine.step(reqs)  # the prefills: three prompts in one call
         assert report.call.n_tokens == 3 * len(PROMPT) and report.call.n_sequences == 3 and not report.failed
         assert engine.cost.target[True].count[3 * len(PROMPT)] == 1  # recorded by the call's total tokens
-        reqs[1].seq.propose = lambda: (_ for _ in ()).throw(RuntimeError("boom"))
+        reqs[1].seq.propose = lambda load: (_ for _ in ()).throw(RuntimeError("boom"))
         report = engine.step(reqs)
         assert list(report.failed) == [reqs[1].seq] and "boom" in str(report.failed[reqs[1].seq])
         assert len(report.outcomes) == 2 and report.call.n_sequences == 2  # the others went on together

@@ -11,7 +11,7 @@ Per category and method (sums over the category's prompts, as Spec-Bench reports
   (each step's k and source) and the tokens actually committed, ``(committed / sum of predicted step
   seconds) * S(1)``: how well the model knows the machine;
 - planned (hybrid/auto): what the policy expected before each step, E(k) from its acceptance estimates
-  over predicted seconds (:class:`~specdec.proposers.hybrid.PredictionLog`): how well it knew the text;
+  over predicted seconds (:class:`~specdec.policy.schedule.PredictionLog`): how well it knew the text;
 - with several backends (``method@ik``: see :func:`specdec.bench.runner.variant`), speed-ups are over the
   first backend's ``none``, and predicted and limit use each run's own backend's cost tables;
 - limit: the best decode speed-up the cost model finds reachable with the category's measured

@@ -28,7 +28,7 @@ import numpy as np
 from specdec.backends.cache import SequenceCache
 from specdec.check.statistics import EOG, CellTable, Fit, NextDist, exact_cells, goodness_of_fit
 from specdec.params import SamplingParams, SpecConfig
-from specdec.proposers import PROPOSERS
+from specdec.policy.methods import PROPOSERS
 from specdec.sampling import SamplingState
 from specdec.stats import acceptance_rate, mean_accepted_length
 from specdec.step import speculative_step

@@ -5,11 +5,15 @@ tokens per second.
   pooled acceptance per kind of proposal, calibration, and the best k of an option;
 - :mod:`~specdec.policy.timing`, :mod:`~specdec.policy.batch_cost`: how call costs are measured and fitted;
 - :mod:`~specdec.policy.schedule`: when to probe an option that lost, and the log of predictions;
-- :mod:`~specdec.policy.auto`: the choice among the sources a request has (n-gram lookup, suffix decoding,
-  each draft model), its probes and its bound;
-- :mod:`~specdec.policy.tree`: the token tree a suffix path may grow when its branches pay.
+- :mod:`~specdec.policy.estimates`: a request's acceptance estimates per kind of proposal (slow start,
+  calibration);
+- :mod:`~specdec.policy.sources`: the sources a request composes (n-gram lookup, suffix decoding, each draft
+  model), the base of both policies;
+- :mod:`~specdec.policy.auto`: ``auto``, the choice among them by predicted rate, its probes and its bound;
+- :mod:`~specdec.policy.tree`: the token tree a suffix path may grow when its branches pay;
+- :mod:`~specdec.policy.hybrid`: ``hybrid``, the short rule by acceptance alone;
+- :mod:`~specdec.policy.methods`: the registry of every method, proposers and policies.
 
-The proposers it chooses among (:mod:`specdec.proposers`) know nothing of it; ``hybrid``, the
-acceptance-only rule, lives with them (:mod:`specdec.proposers.hybrid`), and so does the proposer that
-composes the sources for both.
+The proposers it chooses among (:mod:`specdec.proposers`) know nothing of it. Each step's inputs reach a
+policy as arguments (the load of the call, the draws), never through a field someone else wrote.
 """

@@ -21,7 +21,7 @@ its own), decayed so it follows the text, shrunk towards the engine's pooled est
 (:class:`AcceptanceStats`). Each step takes ``argmax_k rate(k)``, ``k = 0`` (a plain step) included, so
 speculation switches itself off when it does not pay; after a run of plain steps a probe spends one step
 on the best speculative option to refresh the acceptance estimate
-(:class:`specdec.proposers.hybrid.ProbeSchedule`).
+(:class:`specdec.policy.schedule.ProbeSchedule`).
 
 Unmeasured sizes: between measured sizes ``S`` is interpolated; beyond the largest measured size it is
 bounded below by that size's time (scoring more tokens never costs less). Decisions use this optimistic
@@ -76,6 +76,7 @@ import numpy as np
 
 from specdec.policy.batch_cost import SharedCallCost
 from specdec.policy.timing import CALL_N_MAX, TimingTable
+from specdec.types import ALONE, Load  # noqa: F401  (what shares a call: a type every layer passes)
 
 N_MAX = 65
 """Most draft positions the acceptance statistics track, plus one (k_max = 64)."""
@@ -230,25 +231,6 @@ class Choice:
         return (self.tokens + self.others) / self.seconds if self.seconds > 0 else math.inf
 
 
-@dataclass(frozen=True)
-class Load:
-    """What else shares the target call a request is planning, eq. (3) of the module docstring.
-
-    Attributes:
-        tokens: ``B``, decode tokens the other sequences add to the call (their drafts plus one; 1 for a
-            prompt's last chunk, none for its other chunks: see eq. (3) in the module docstring).
-        committed: ``Y``, tokens they are expected to commit (recent accepted lengths; 1 for a prompt's last
-            chunk).
-        sequences: The other sequences that commit a token in the call (a prompt's last chunk included).
-    """
-
-    tokens: int = 0
-    committed: float = 0.0
-    sequences: int = 0
-
-
-ALONE = Load()
-"""The load of a request alone in its calls."""
 
 
 class CostModel:
@@ -267,9 +249,6 @@ class CostModel:
         self.draft_token, self.draft_catchup = self._draft_tables("draft")  # the first drafter's
         self.pool: dict[str, AcceptanceStats] = {}
         self.calibrations: dict[str, Calibration] = {}  # kind -> what auto's chosen drafts earned vs expected
-        self.load = ALONE
-        """What shares the call being planned: set by the speculative step before each sequence proposes
-        (:func:`specdec.step.speculative_step`), read by ``auto``; :data:`ALONE` outside a step."""
         self._version = 0  # bumped by a target measurement that moves the curve (invalidates ``curve``)
         self._priced: dict[tuple[bool, int], float] = {}  # (greedy, n) -> S(n) when the curve last changed
         self._curves: dict[tuple, np.ndarray] = {}  # (greedy, optimistic) -> [CALL_N_MAX+1] S(n)
@@ -484,7 +463,7 @@ class CostModel:
         (``x' <= x``), so by eq. (3) it wins only if ``p > min_{x' <= x} ((1 + Y) C(B + 1 + x') / T0 - 1 - Y) / x'``
         (``T0 = plain.seconds``); ``x_max`` is the most a call may add (:meth:`size_limit`). Used by ``auto``
         to skip pricing a step that must be plain
-        (:meth:`specdec.proposers.hybrid.HybridProposer._out_of_reach`).
+        (:meth:`specdec.policy.auto.AutoProposer._out_of_reach`).
 
         Returns:
             The thresholds, non-increasing in ``x`` (probabilities; negative where a free draft would pay,

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import numpy as np
 
 from specdec.params import PROPOSERS, SamplingParams
 from specdec.verify.base import Draft
+from specdec.types import ALONE, Load
 
 
 class Draws(Protocol):
@@ -35,7 +36,6 @@ class Draws(Protocol):
         """Draft ``j`` (0-based in this step) from ``q`` (``[V] float64``)."""
 
 if TYPE_CHECKING:
-    from specdec.policy.cost import CostModel
     from specdec.backends.base import Backend
     from specdec.params import SpecConfig
     from specdec.proposers.suffix_index import SuffixCache
@@ -156,11 +156,14 @@ class Proposer(Protocol):
         (a growing prefix; the last call, or the only one when the prompt is prefilled whole, has the
         whole prompt); a draft model prefills here."""
 
-    def propose(self, context: Sequence[int], k: int, params: SamplingParams, draws: Draws) -> Proposal:
+    def propose(self, context: Sequence[int], k: int, params: SamplingParams, draws: Draws,
+                load: Load = ALONE) -> Proposal:
         """Draft up to ``k`` tokens that follow ``context`` (prompt + committed tokens). A sampling
         proposer picks draft ``j`` from its processed ``q`` with ``draws.pick(q, j)`` and returns ``q``
         only when ``draws.needs_probs`` (rejection-sampling verifiers need it; drafter-invariant ones draw
-        drafts from the request's position noise instead)."""
+        drafts from the request's position noise instead). ``load`` is what else shares the step's target
+        call (:class:`~specdec.types.Load`): a policy that prices drafts (``auto``) prices them in it; the
+        others ignore it."""
 
     def observe(self, outcome: Outcome) -> None:
         """Feedback after verification of a non-empty proposal."""
@@ -205,7 +208,7 @@ class ProposerContext:
 
     drafts: "tuple[Backend, ...]"
     vocab_size: int
-    cost: "CostModel"
+    cost: Any  # specdec.policy.cost.CostModel: a layer above; only the policies' factories read it
     suffix_cache: "SuffixCache | None" = None
     free_sequences: Callable[[], int] = lambda: 0
     cache_salt: str = ""

@@ -36,6 +36,7 @@ from specdec.params import SamplingParams, SpecConfig
 from specdec.proposers.base import EMPTY_PROPOSAL, DraftCost, Draws, Outcome, Proposal, ProposerContext, register
 from specdec.proposers.ngram import NgramIndex
 from specdec.sampling import SamplingState
+from specdec.types import ALONE, Load
 
 
 class DraftModelProposer:
@@ -95,7 +96,7 @@ class DraftModelProposer:
         return len(context) - n
 
     def propose(self, context: Sequence[int], k: int, params: SamplingParams, draws: Draws,
-                kind: str | None = None) -> Proposal:
+                kind: str | None = None, load: Load = ALONE) -> Proposal:
         """Draft ``k`` tokens autoregressively, each picked from ``q`` by ``draws`` (the argmax when greedy);
         ``probs`` is ``[k, V] float64`` when ``draws.needs_probs``, else None.
 

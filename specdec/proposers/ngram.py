@@ -22,6 +22,7 @@ from specdec.params import SamplingParams, SpecConfig
 from specdec.proposers.base import (
     EMPTY_PROPOSAL, MATCH_FACTOR, Draws, Outcome, Proposal, ProposerContext, match_cap, register,
 )
+from specdec.types import ALONE, Load
 
 
 class NgramIndex:
@@ -116,9 +117,8 @@ class NgramProposer:
     def prepare(self, context: Sequence[int]) -> None:
         """Nothing to prefill."""
 
-    def propose(
-        self, context: Sequence[int], k: int, params: SamplingParams, draws: Draws
-    ) -> Proposal:
+    def propose(self, context: Sequence[int], k: int, params: SamplingParams, draws: Draws,
+                load: Load = ALONE) -> Proposal:
         """Propose the continuation of the newest suffix match (a point mass, ``probs=None``), cut to
         ``match_cap(match length, k)`` drafts."""
         if k <= 0:

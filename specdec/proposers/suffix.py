@@ -39,6 +39,7 @@ from specdec.proposers.suffix_index import (
     DEFAULT_DEPTH, NO_TOKEN, SEPARATOR, SuffixAutomaton, SuffixCache, SuffixIndex,
 )
 from specdec.verify.base import Draft
+from specdec.types import ALONE, Load
 
 MAX_MATCH = MAX_SPECULATIVE_TOKENS
 """Longest match length measured against the cache: with ``MATCH_FACTOR >= 1`` longer matches earn no more
@@ -183,7 +184,8 @@ class SuffixProposer:
                 out.append((csam, follow(csam, state, length, limit, self.min_prob), limit))
         return [found for found in out if found[1].tokens]
 
-    def propose(self, context: Sequence[int], k: int, params: SamplingParams, draws: Draws) -> Proposal:
+    def propose(self, context: Sequence[int], k: int, params: SamplingParams, draws: Draws,
+                load: Load = ALONE) -> Proposal:
         """The most confident path as the main candidate (``kind="suffix"``, ``confidence`` its ``c_j``),
         and up to ``alternatives`` branches; :data:`EMPTY_PROPOSAL` when nothing matches confidently.
         :meth:`branches` gives more branches of the same match afterwards, on demand."""

@@ -206,7 +206,7 @@ def test_off_without_other_sequences_or_when_asked(tiny_target_path):
 
 @pytest.mark.parametrize("method", ["none", "draft"])
 def test_requests_served_together_write_what_each_writes_alone(tiny_target_path, tiny_draft_path, method):
-    engine = tiny_engine(tiny_target_path, tiny_draft_path, n_seq_max=6, backend="ik_llama.cpp")
+    engine = tiny_engine(tiny_target_path, tiny_draft_path, n_seq_max=6, backend="ik_llama.cpp", numerics="fast")
     try:
         params = SamplingParams(temperature=0.0, max_tokens=24)
         spec = SpecConfig(method=method, num_speculative_tokens=3)

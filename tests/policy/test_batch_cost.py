@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from specdec.policy.cost import ALONE, Calibration, CostModel, Load, expected_tokens
 from specdec.policy.batch_cost import MIN_EVIDENCE, SharedCallCost
 from specdec.params import SamplingParams
-from specdec.proposers import HybridProposer, Outcome, Proposal
+from specdec.policy.auto import AutoProposer
+from specdec.proposers import Outcome, Proposal
 from specdec.step import StepReport, TargetCall
 
 GREEDY = SamplingParams(max_tokens=40)
@@ -131,13 +132,9 @@ def test_auto_records_its_expectation_and_calibrates_shared_calls_only():
     load = Load(tokens=1, committed=1.0, sequences=1)  # one other request in the call
 
     def propose(alone: bool):
-        p = HybridProposer(cost_model=cost, adaptive=True)
+        p = AutoProposer(cost_model=cost)
         p.prepare(text)
-        cost.load = ALONE if alone else load
-        try:
-            return p.propose(text, 8, GREEDY, np.random.default_rng(0))
-        finally:
-            cost.load = ALONE
+        return p.propose(text, 8, GREEDY, np.random.default_rng(0), load=ALONE if alone else load)
 
     first = propose(alone=False)
     assert first.tokens and first.kind == "ngram3" and first.expected > 0

@@ -16,9 +16,11 @@ from reference_ngram import find_ngram_continuation
 from specdec.policy.cost import AcceptanceStats, CostModel, TimingTable, expected_tokens
 from specdec.backends.cache import SequenceCache
 from specdec.engine import Engine
-from specdec.proposers import EMPTY_PROPOSAL, DraftModelProposer, HybridProposer, NgramProposer, Outcome
-from specdec.proposers.hybrid import DRAFT_MARGIN as HybridDraftMargin
-from specdec.proposers.hybrid import ProbeSchedule
+from specdec.policy.auto import DRAFT_MARGIN as HybridDraftMargin
+from specdec.policy.auto import AutoProposer
+from specdec.policy.hybrid import HybridProposer
+from specdec.policy.schedule import ProbeSchedule
+from specdec.proposers import EMPTY_PROPOSAL, DraftModelProposer, NgramProposer, Outcome
 from specdec.proposers.ngram import NgramIndex
 from specdec.params import SamplingParams, SpecConfig, default_k
 from specdec.step import StepReport
@@ -26,7 +28,7 @@ from policy_helpers import (CPU_DRAFT_MS, CPU_MS, GREEDY, PROMPT, FrozenCost, co
                             simulate)
 
 def run_auto(text, prompt_len, cost):
-    p = HybridProposer(cost_model=cost, adaptive=True)
+    p = AutoProposer(cost_model=cost)
     p.prepare(text[:prompt_len])
     t = simulate(p, cost, text, prompt_len, cpu_seconds)
     return t, p
@@ -263,13 +265,13 @@ def test_auto_and_hybrid_match_plain_on_the_real_pair():
 def test_auto_slow_start_caps_a_new_requests_blocks():
     """Other requests' copying makes long n-gram blocks look good; a new request still starts at
     START_K drafts and doubles its cap only with each block accepted whole."""
-    from specdec.proposers.hybrid import START_K
+    from specdec.policy.estimates import START_K
 
     cost = FrozenCost(cpu_seconds)
     run_auto(copy_text(), 150, cost)  # the engine's pool now trusts n-gram matches
     rng = np.random.default_rng(0)
     prompt = np.random.default_rng(7).integers(0, 2000, 100).tolist()
-    p = HybridProposer(cost_model=cost, adaptive=True)
+    p = AutoProposer(cost_model=cost)
     p.prepare(prompt)
     context = prompt + prompt[:10]  # a long match: the prompt continues with prompt[10:]
     caps = []
@@ -304,18 +306,18 @@ def test_the_priced_curve_follows_moves_of_more_than_the_tolerance_only():
 
 def test_a_drafter_that_cannot_pay_is_priced_once_while_nothing_changes(monkeypatch):
     cost = FrozenCost(cpu_seconds, draft_seconds=0.030)
-    p = HybridProposer(draft=None, cost_model=cost, adaptive=True)
+    p = AutoProposer(draft=None, cost_model=cost)
     p.drafts = {"draft": object()}  # a drafter the policy prices but never runs (it cannot pay here)
     priced = []
     real = cost.best_k
     monkeypatch.setattr(cost, "best_k", lambda accept, *a, **kw: priced.append(len(accept)) or real(accept, *a, **kw))
     for catchup in (3, 4, 5):  # a growing catch-up only makes the draft dearer
-        choice = p._choose_auto([], 0, 8, {"draft": catchup}, True)
+        choice = p.choose([], 0, 8, {"draft": catchup}, True)
         assert choice.source is None
     assert len(priced) == 1
     cost.observe_target = CostModel.observe_target.__get__(cost)
     cost.observe_target(2, 0.5, True)  # the curve moves: priced again
-    p._choose_auto([], 0, 8, {"draft": 5}, True)
+    p.choose([], 0, 8, {"draft": 5}, True)
     assert len(priced) == 2
-    p._choose_auto([], 0, 8, {"draft": 2}, True)  # less catch-up than when it was ruled out: priced again
+    p.choose([], 0, 8, {"draft": 2}, True)  # less catch-up than when it was ruled out: priced again
     assert len(priced) == 3

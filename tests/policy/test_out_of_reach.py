@@ -1,4 +1,4 @@
-"""``auto``'s shortcut for a step that must be plain (:meth:`HybridProposer._out_of_reach` and
+"""``auto``'s shortcut for a step that must be plain (:meth:`AutoProposer._out_of_reach` and
 :meth:`CostModel.reach_thresholds`): a bound on eq. (3) that skips pricing every source when none can beat a
 plain step. It must never change a choice: the same scripted texts, curves, loads and drafters are decoded by
 two proposers, one with the shortcut and one without, and every proposal, probe and prediction must agree.
@@ -12,7 +12,8 @@ from policy_helpers import (GREEDY, FrozenCost, accepted_path, copy_text, cpu_se
                             split_text)
 
 from specdec.policy.cost import Load
-from specdec.proposers import HybridProposer, Outcome, Proposal, SuffixProposer
+from specdec.policy.auto import AutoProposer
+from specdec.proposers import Outcome, Proposal, SuffixProposer
 from specdec.step import StepReport
 
 
@@ -61,7 +62,7 @@ class ScriptedDrafter:
 
 def proposer(cost, text, drafter_miss, tree):
     drafts = {"draft": ScriptedDrafter(text, drafter_miss)} if drafter_miss else {}
-    return HybridProposer(cost_model=cost, adaptive=True, suffix=SuffixProposer(), drafts=drafts, tree=tree,
+    return AutoProposer(cost_model=cost, suffix=SuffixProposer(), drafts=drafts, tree=tree,
                           free_sequences=lambda: 4)
 
 
@@ -74,9 +75,7 @@ def decode(p, cost, text, prompt_len, loads, check):
     step = 0
     while len(context) < len(text) - 1:
         k = min(16, len(text) - len(context) - 1)
-        cost.load = loads[step % len(loads)]
-        proposal = p.propose(context, k, GREEDY, rng)
-        cost.load = Load()
+        proposal = p.propose(context, k, GREEDY, rng, load=loads[step % len(loads)])
         check(step, p, proposal)
         truth = text[len(context):]
         j, a = accepted_path(proposal, truth)

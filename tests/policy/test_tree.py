@@ -13,13 +13,13 @@ from policy_helpers import (A, B, C, GREEDY, X, Y, FrozenCost, accepted_path, cp
 
 from specdec.engine import Engine
 from specdec.params import SamplingParams, SpecConfig
-from specdec.proposers import HybridProposer, Outcome, SuffixProposer
-from specdec.proposers.hybrid import TREE_ALTERNATIVES
+from specdec.policy.auto import TREE_ALTERNATIVES, AutoProposer
+from specdec.proposers import Outcome, SuffixProposer
 from specdec.step import StepReport
 
 
 def auto(cost, tree=TREE_ALTERNATIVES, free=8):
-    return HybridProposer(cost_model=cost, adaptive=True, suffix=SuffixProposer(), tree=tree,
+    return AutoProposer(cost_model=cost, suffix=SuffixProposer(), tree=tree,
                           free_sequences=lambda: free)
 
 

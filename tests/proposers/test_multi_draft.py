@@ -37,7 +37,7 @@ class MultiDraftProposer:
         for d in self.drafters:
             d.prepare(context)
 
-    def propose(self, context, k, params, draws):
+    def propose(self, context, k, params, draws, load=None):
         chains = [d.propose(context, k, params if params.greedy else params.replace(temperature=params.temperature * s),
                             draws) for d, s in zip(self.drafters, self.scales)]
         main, *alts = chains
@@ -129,7 +129,7 @@ class ScriptedProposer:
     def prepare(self, context):
         pass
 
-    def propose(self, context, k, params, draws):
+    def propose(self, context, k, params, draws, load=None):
         u = np.full((2, self.vocab), 1 / self.vocab)
         return Proposal(tokens=[1, 2], probs=u, alternatives=(Draft([EOG, 1], u),))
 

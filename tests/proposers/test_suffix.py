@@ -345,18 +345,19 @@ def test_seeded_suffix_equals_seeded_plain_on_the_tiny_gguf(plain_tiny, alternat
 def test_auto_takes_suffix_drafts_on_copies_and_their_estimate_is_capped_by_counts():
     from policy_helpers import FrozenCost, copy_text, cpu_seconds, simulate
 
-    from specdec.proposers import HybridProposer, Proposal
+    from specdec.policy.auto import AutoProposer
+    from specdec.proposers import Proposal
 
     text = copy_text(seed=3)
     cost = FrozenCost(cpu_seconds)
-    p = HybridProposer(cost_model=cost, adaptive=True, suffix=SuffixProposer())
+    p = AutoProposer(cost_model=cost, suffix=SuffixProposer())
     p.prepare(text[:150])
     seconds = simulate(p, cost, text, 150, cpu_seconds)
     plain = cpu_seconds(1) * (len(text) - 150)
     steps = p.report()["steps"]
     assert plain / seconds > 1.3 and max(steps["suffix"]) >= 8
-    learned = p._accept("suffix", 0, 4)
-    est = p._suffix_accept(Proposal(tokens=[1, 2, 3, 4], confidence=(1.0, 0.2, 1.0, 1.0)))
+    learned = p.estimates.accept("suffix", 0, 4)
+    est = p.estimates.suffix_accept(Proposal(tokens=[1, 2, 3, 4], confidence=(1.0, 0.2, 1.0, 1.0)))
     assert est[1] == pytest.approx(min(0.2, learned[1])) and est[0] == pytest.approx(min(1.0, learned[0]))
 
 

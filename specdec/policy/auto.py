@@ -1,0 +1,275 @@
+"""``auto``: each step, the option of highest predicted tokens per second among a plain step, the n-gram
+continuation with k drafts, suffix decoding with k (a token tree when its branches pay,
+:mod:`specdec.policy.tree`), and each draft model with k, timed and scored on its own (eq. (3) of
+:mod:`specdec.policy.cost`), with probes after runs of plain steps (:class:`~specdec.policy.schedule.ProbeSchedule`;
+a probe tries the best option, whichever source it is).
+
+In a call shared with other sequences the rate is the call's: drafts are priced by their marginal cost there,
+so speculation turns itself off under load where it does not pay. The load is an input of each step
+(:meth:`AutoProposer.propose`'s ``load``, from :func:`specdec.step.speculative_step`). A step whose sources
+cannot win even by a bound (:meth:`AutoProposer._out_of_reach`) is plain without pricing them. Suffix
+decoding comes with a confidence per draft (count ratios); its acceptance estimate at position ``j`` is the
+smaller of that confidence and what suffix proposals have earned there, so counts that show a split lower
+the estimate, and counts alone never raise it above what the text has shown.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import numpy as np
+
+from specdec.backends.cache import SequenceCache
+from specdec.params import SamplingParams, SpecConfig
+from specdec.policy.cost import ALONE, Choice, CostModel, Load, expected_tokens
+from specdec.policy.schedule import PROBE_COST, ProbeSchedule
+from specdec.policy.sources import Sources
+from specdec.policy.tree import grow_tree
+from specdec.proposers.base import EMPTY_PROPOSAL, Draws, Proposal, ProposerContext
+from specdec.proposers.draft_model import DraftModelProposer
+from specdec.proposers.suffix import SuffixProposer
+from specdec.verify.base import Draft
+
+DRAFT_MARGIN = 1.05
+"""``auto`` considers a draft model only if, with every draft accepted, it would beat plain decoding by
+this factor: a draft that cannot gain 5% even then is not worth its prefill and probes."""
+
+TREE_ALTERNATIVES = 3
+"""Most alternative candidates ``auto`` adds to a suffix path in one call (also bounded by the target's free
+KV sequences and ``SpecConfig.suffix_alternatives`` when that is larger)."""
+
+
+def gain(choice: Choice, plain: Choice) -> float:
+    """How much ``choice`` raises the call's predicted rate over ``plain``, in units of this request's own
+    plain rate (``1 / plain.seconds``): alone, ``choice.rate / plain.rate - 1``; in a shared call the
+    others' tokens are in both rates and do not dilute the comparison."""
+    return (choice.rate - plain.rate) * plain.seconds
+
+
+class AutoProposer(Sources):
+    """``auto``: the sources of :class:`~specdec.policy.sources.Sources`, chosen by the cost model each step.
+
+    Args:
+        draft: The draft-model proposer (prefilled lazily), or None; shorthand for ``drafts={"draft": draft}``.
+        ngram_max: Longest suffix n-gram matched.
+        ngram_min: Shortest suffix n-gram matched.
+        cost_model: The engine's cost model (timings and pooled acceptance), read here and fed by the
+            step's reports.
+        suffix: A suffix-decoding proposer as one more source (single paths, or trees), or None.
+        drafts: Drafter kind -> draft-model proposer (prefilled lazily), in the engine's order; each is
+            weighed on its own.
+        tree: Most alternative candidates added to a suffix path (:func:`~specdec.policy.tree.grow_tree`);
+            0: chains only.
+        free_sequences: ``() -> int``, the target's free KV sequences now (each alternative needs one).
+    """
+
+    def __init__(self, draft: DraftModelProposer | None = None, ngram_max: int = 3, ngram_min: int = 1,
+                 cost_model: CostModel | None = None, suffix: SuffixProposer | None = None,
+                 drafts: dict[str, DraftModelProposer] | None = None, tree: int = 0, free_sequences=lambda: 0):
+        super().__init__(cost_model, adaptive=True, ngram_max=ngram_max, ngram_min=ngram_min, suffix=suffix,
+                         drafts=drafts, draft=draft)
+        self.probe = ProbeSchedule()
+        self.tree = tree
+        self._free_sequences = free_sequences
+        self._branches: tuple[Draft, ...] = ()  # the alternatives of this step's suffix choice (a tree)
+        self._no_pay: dict[str, tuple] = {}  # drafter -> (conditions, catch-up) of its last "cannot pay"
+
+    def propose(self, context: Sequence[int], k: int, params: SamplingParams, draws: Draws,
+                load: Load = ALONE) -> Proposal:
+        """Draft up to ``k`` tokens from the n-gram index, suffix decoding or a draft model (possibly none),
+        priced in a call that ``load`` shares; the proposal's ``kind`` is ``ngramN``, ``suffix`` or the
+        drafter's kind, and its ``expected`` the drafts expected to be accepted."""
+        self._branches = ()
+        if k <= 0:
+            return EMPTY_PROPOSAL
+        match, order, catchup = self.lookup(context, k)
+        suffix = self.suffix.propose(context, k, params, draws) if self.suffix is not None else EMPTY_PROPOSAL
+        choice = self.choose(match, order, k, catchup, params.greedy, suffix, load)
+        self.log_choice(choice, order, catchup, params.greedy, load, suffix)
+        expected = self._expected(choice, order, suffix)
+        if choice.source == "ngram":
+            return Proposal(tokens=match[: choice.k], kind=f"ngram{order}", expected=expected)
+        if choice.source == "suffix":
+            return dataclasses.replace(suffix, tokens=suffix.tokens[: choice.k],
+                                       confidence=suffix.confidence[: choice.k],
+                                       alternatives=self._branches if choice.tree_tokens else (), expected=expected)
+        if choice.source in self.drafts:
+            p = self.drafts[choice.source].propose(context, choice.k, params, draws, kind=choice.source)
+            # a draft model may stop early (p_min): what it proposed is what was expected of
+            return dataclasses.replace(p, expected=self._expected(dataclasses.replace(choice, k=len(p.tokens)),
+                                                                  order, suffix)) if p.tokens else p
+        return EMPTY_PROPOSAL
+
+    def _expected(self, choice: Choice, order: int, suffix: Proposal) -> float:
+        """Drafts of ``choice``'s main candidate expected to be accepted before calibration, ``E(k) - 1``;
+        NaN for a plain step."""
+        if not choice.k or choice.source is None:
+            return math.nan
+        if choice.source == "suffix":
+            accept = self.estimates.suffix_accept(suffix, calibrated=False)[: choice.k]
+        else:
+            accept = self.estimates.accept(choice.source, order, choice.k, calibrated=False)
+        return float(expected_tokens(accept)[-1]) - 1.0
+
+    def choose(self, match: list[int], order: int, k: int, catchup: dict[str, int], greedy: bool,
+               suffix: Proposal = EMPTY_PROPOSAL, load: Load = ALONE) -> Choice:
+        """The step's choice: the best option when it beats a plain step, a probe when one is due, else plain.
+
+        Args:
+            match: The n-gram continuation (``[]``: none), of n-gram order ``order``.
+            k: Most drafts.
+            catchup: Drafter kind -> tokens of the context its cache lacks.
+            greedy: The request's decoding mode.
+            suffix: Suffix decoding's proposal (empty: none).
+            load: What else shares this step's target call, eq. (3).
+        """
+        cm = self.cost
+        plain = cm.plain(greedy, load)
+        if math.isnan(plain.seconds):  # measure S(1) first
+            return plain
+        share = 1.0 / (1 + load.sequences)  # of a plain step, towards the next probe
+        est = self._estimates(match, order, k, suffix, load)
+        if self._out_of_reach(est, suffix, greedy, plain, load):
+            # no option can beat a plain step: price them only when a probe wants the best of them (a probe is
+            # counted only when there is an option, as below)
+            drafters = None if match or suffix.tokens else self._drafters(catchup, k, greedy, plain, load)
+            if drafters == [] or not self.probe.should_probe(share):
+                return plain
+            drafters = self._drafters(catchup, k, greedy, plain, load) if drafters is None else drafters
+            best = self._best(est, catchup, greedy, suffix, drafters, load)
+            return (best is not None and self._probe(best, match, order, k, catchup, greedy, plain, suffix, load)) or plain
+        best = self._best(est, catchup, greedy, suffix, self._drafters(catchup, k, greedy, plain, load), load)
+        if best is not None and best.rate > plain.rate:
+            self.probe.speculating()
+            return best
+        if best is not None and self.probe.should_probe(share):
+            return self._probe(best, match, order, k, catchup, greedy, plain, suffix, load) or plain
+        return plain
+
+    def _estimates(self, match: list[int], order: int, k: int, suffix: Proposal, load: Load) -> dict[str, np.ndarray]:
+        """Source -> ``[K] float64`` conditional acceptance estimates of this step's options: ``"ngram"`` when
+        the lookup matched, ``"suffix"`` when suffix decoding found a path, each drafter's kind; computed once
+        for the bound (:meth:`_out_of_reach`) and the pricing."""
+        est = {}
+        if match:
+            est["ngram"] = self.estimates.accept("ngram", order, len(match), load)
+        if suffix.tokens:
+            est["suffix"] = self.estimates.suffix_accept(suffix, load)
+        for kind in self.drafts:
+            est[kind] = self.estimates.accept(kind, order, k, load)
+        return est
+
+    def _drafters(self, catchup: dict[str, int], k: int, greedy: bool, plain: Choice, load: Load) -> list[str]:
+        """The drafters worth pricing: those that could pay with every draft accepted (:meth:`_could_pay`; that
+        none can is the usual verdict on a CPU)."""
+        return [kind for kind in self.drafts
+                if self._could_pay(kind, self._draft_cost(kind, catchup, greedy), catchup[kind], k, greedy, plain, load)]
+
+    def _draft_cost(self, kind: str, catchup: dict[str, int], greedy: bool):
+        """``k -> D(k)`` seconds of drafter ``kind`` with its catch-up (:meth:`CostModel.draft_seconds`)."""
+        return lambda j: self.cost.draft_seconds(j, catchup[kind], greedy, drafter=kind)
+
+    def _best(self, est: dict[str, np.ndarray], catchup: dict[str, int], greedy: bool, suffix: Proposal,
+              drafters: list[str], load: Load) -> Choice | None:
+        """The option of highest rate, eq. (3): n-gram, suffix (a token tree when it pays), each drafter in
+        ``drafters``, each with its best k for its estimates ``est``; None when none has anything to offer."""
+        cm = self.cost
+        priced = [(source, cm.best_k(est[source], lambda j: 0.0, greedy, load=load))
+                  for source in ("ngram", "suffix") if source in est]
+        for kind in drafters:  # each drafter is an option of its own, timed and scored on its own
+            priced.append((kind, cm.best_k(est[kind], self._draft_cost(kind, catchup, greedy), greedy, load=load)))
+        options = [dataclasses.replace(c, source=source) for source, c in priced if c is not None]
+        best = max(options, key=lambda c: c.rate, default=None)
+        if best is None or best.source != "suffix":
+            return best
+        n_max = min(self.tree, self._free_sequences())
+        if n_max <= 0 or not best.k or self.suffix is None:
+            return best
+        best, self._branches = grow_tree(best, suffix, self.suffix.branches(n_max), self.estimates, cm, load,
+                                         greedy, n_max)
+        return best
+
+    def _out_of_reach(self, est: dict[str, np.ndarray], suffix: Proposal, greedy: bool, plain: Choice,
+                      load: Load) -> bool:
+        """True when no option of this step can beat ``plain``, by a bound on eq. (3) that costs a few
+        comparisons instead of pricing every source (the common case of a plain step, and the whole cost of
+        ``auto`` over plain decoding when it does not speculate).
+
+        The bound (:meth:`CostModel.reach_thresholds`): an option scoring ``x`` more tokens commits at most
+        ``1 + x p`` tokens when each of its scored drafts is accepted with probability at most ``p``. For a
+        chain ``p`` is its first-position estimate ``alpha_1`` (the probability of reaching any later draft is
+        a product that contains it) and ``x`` at most its drafts (the source's tokens, ``k`` and the slow-start
+        cap: the length of the estimates). A suffix path's token tree adds at most :attr:`tree` branches of at
+        most the slow-start cap's drafts, each scored with its root; a branch off the main path's first draft
+        starts with at most ``min(alpha_1 / c_1, 1 - alpha_1)`` (its count ratio, at most 1, scaled as
+        :func:`~specdec.policy.tree.grow_tree` scales it, within the mass the main token leaves), and every
+        other node has at most ``alpha_1``. Exact: it never changes a choice (tests/policy/test_out_of_reach.py)."""
+        thresholds = self.cost.reach_thresholds(greedy, plain, load)  # [x_max] by the most scored tokens added
+
+        def beyond(accept: np.ndarray, p: float | None = None, x: int | None = None) -> bool:
+            x = len(accept) if x is None else x
+            return (accept[0] if p is None else p) <= thresholds[min(x, len(thresholds)) - 1]
+
+        if "ngram" in est and not beyond(est["ngram"]):
+            return False
+        if "suffix" in est:
+            accept = est["suffix"]
+            if (n_max := min(self.tree, self._free_sequences())) > 0 and self.suffix is not None:
+                a, c = float(accept[0]), suffix.confidence[0]
+                x = len(accept) + n_max * (self.cap("suffix") + 1)  # the chain + each branch's drafts and root
+                if not beyond(accept, max(a, min(a / c if c > 0 else 0.0, 1.0 - a)), x):
+                    return False
+            elif not beyond(accept):
+                return False
+        return all(beyond(est[kind]) for kind in self.drafts)
+
+    def _could_pay(self, kind: str, cost, catchup: int, k: int, greedy: bool, plain: Choice, load: Load) -> bool:
+        """Whether drafter ``kind`` could beat plain decoding by :data:`DRAFT_MARGIN` with every draft
+        accepted. A "no" is remembered while the cost model's curve (:attr:`CostModel.version`), the load,
+        ``k`` and the drafter's timing stay as they were and its catch-up does not shrink (``D(k)`` only grows
+        with it), so a drafter that cannot pay costs a plain step one comparison, not a pricing."""
+        cm = self.cost
+        timing = cm.draft_timing.get(kind)
+        key = (cm.version, load, k, greedy, None if timing is None else (float(timing[0].mean[1]), float(timing[1].mean[1])))
+        no = self._no_pay.get(kind)
+        if no is not None and no[0] == key and catchup >= no[1]:
+            return False
+        ub = cm.best_k(np.ones(k), cost, greedy, load=load)  # perfect acceptance: could the draft ever pay?
+        if ub is None or gain(ub, plain) <= DRAFT_MARGIN - 1:
+            self._no_pay[kind] = (key, catchup)
+            return False
+        self._no_pay.pop(kind, None)
+        return True
+
+    def _probe(self, best: Choice, match: list[int], order: int, k: int, catchup: dict[str, int], greedy: bool,
+               plain: Choice, suffix: Proposal = EMPTY_PROPOSAL, load: Load = ALONE) -> Choice | None:
+        """A cheap step of ``best``'s source to refresh its acceptance estimate: the best k whose step is
+        predicted to cost at most :data:`~specdec.policy.schedule.PROBE_COST` - 1 tokens of plain decoding:
+        alone, that many lone plain steps longer than the plain step; in a shared call, the extra seconds times
+        the plain call's rate (eq. (3)), since the whole batch waits for it. The draft's catch-up is paid in
+        full (a probe must not start a long draft prefill)."""
+        cm, est = self.cost, self.estimates
+        budget = plain.seconds + (PROBE_COST - 1) / plain.rate
+        if best.source == "ngram":
+            c = cm.best_k(est.accept("ngram", order, len(match), load), lambda j: 0.0, greedy, budget, load)
+        elif best.source == "suffix":
+            c = cm.best_k(est.suffix_accept(suffix, load), lambda j: 0.0, greedy, budget, load)
+        else:  # a drafter
+            drafter = best.source
+            cost = lambda j: cm.draft_seconds(j, catchup[drafter], greedy, horizon=1, drafter=drafter)  # noqa: E731
+            c = cm.best_k(est.accept(drafter, order, k, load), cost, greedy, budget, load)
+        return None if c is None else dataclasses.replace(c, source=best.source, probe=True)
+
+
+def auto_factory(ctx: ProposerContext, spec: SpecConfig) -> AutoProposer:
+    """``auto``: n-gram lookup, suffix decoding or each draft model."""
+    drafts = {kind: DraftModelProposer(SequenceCache(b, salt=ctx.cache_salt), ctx.vocab_size, p_min=spec.draft_p_min,
+                                       lazy_prefill=True, drafter=kind, cascade=spec.cascade,
+                                       ngram_max=spec.ngram_max, ngram_min=spec.ngram_min)
+              for kind, b in zip(ctx.draft_kinds, ctx.drafts)}
+    suffix = SuffixProposer(spec.suffix_depth, spec.suffix_min_prob, 0, ctx.suffix_cache)
+    return AutoProposer(ngram_max=spec.ngram_max, ngram_min=spec.ngram_min, cost_model=ctx.cost, suffix=suffix,
+                        drafts=drafts, tree=max(TREE_ALTERNATIVES, spec.suffix_alternatives),
+                        free_sequences=ctx.free_sequences)

@@ -1,0 +1,40 @@
+"""A scripted proposer shared by the tests: it proposes the continuation of a known token sequence (the
+target's own greedy text, say), wrong at chosen output positions, so a test decides what gets accepted."""
+
+from __future__ import annotations
+
+from specdec.proposers import Proposal
+from specdec.types import ALONE, Load
+
+
+class ScriptedProposer:
+    """Proposes ``script[pos:pos+k]`` after ``prompt_len`` prompt tokens, each token at an output position in
+    ``wrong_at`` replaced by the next id (mod ``vocab``), under proposal kind ``kind``.
+
+    Attributes:
+        calls: ``(output position, drafts)`` of each proposal.
+        loads: The load each proposal was told shares the call.
+    """
+
+    def __init__(self, prompt_len: int, script, wrong_at=(), vocab: int = 256, kind: str | None = None):
+        self.prompt_len, self.script, self.wrong_at = prompt_len, list(script), set(wrong_at)
+        self.vocab, self.kind = vocab, kind
+        self.calls: list[tuple[int, int]] = []
+        self.loads: list[Load] = []
+
+    def prepare(self, context):
+        pass
+
+    def propose(self, context, k, params, draws, load: Load = ALONE) -> Proposal:
+        pos = len(context) - self.prompt_len
+        toks = [(self.script[j] + 1) % self.vocab if j in self.wrong_at else self.script[j]
+                for j in range(pos, min(pos + k, len(self.script)))]
+        self.calls.append((pos, len(toks)))
+        self.loads.append(load)
+        return Proposal(tokens=toks, kind=self.kind if toks else None)
+
+    def observe(self, outcome):
+        pass
+
+    def close(self):
+        pass
