@@ -55,6 +55,11 @@ class SchedulerClosedError(RuntimeError):
     """The scheduler is draining or stopped and accepts no new requests."""
 
 
+class RequestError(ValueError):
+    """The engine refused a request at admission for its own settings (a ``ValueError`` of
+    :meth:`Engine.admit`): the client's to fix. Any other error of a request is the server's."""
+
+
 class SchedulerDiedError(RuntimeError):
     """The scheduler thread died of an unexpected error; every request it held failed with this."""
 
@@ -297,6 +302,9 @@ class Scheduler:
     def _admit(self, job: Job) -> None:
         try:
             job.request = self.engine.admit(job.prompt_ids, job.params, job.spec, cache_salt=job.cache_salt)
+        except ValueError as e:
+            self._emit(job, RequestError(str(e)))
+            return
         except Exception as e:
             self._emit(job, e)
             return

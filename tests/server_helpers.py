@@ -14,6 +14,7 @@ from conftest import tiny_backend
 
 from specdec.engine import Engine
 from specdec.server import ServerConfig, create_app
+from specdec.server.app import uvicorn_config
 from specdec.params import SpecConfig
 
 PROMPTS = [
@@ -63,7 +64,8 @@ class LiveServer:
         self.port = self.sock.getsockname()[1]
         self.root = f"http://127.0.0.1:{self.port}"
         self.url = f"{self.root}/v1"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=10))
+        # the product's connection settings (h11, header deadline, connection bound)
+        self.server = uvicorn.Server(uvicorn_config(self.app, self.config, log_level="warning", drain_timeout=10))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> "LiveServer":

@@ -22,7 +22,8 @@ def add_serve_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
     s.add_argument("--api-key", default=None, metavar="KEYS",
-                   help="require 'Authorization: Bearer KEY' on /v1 and /metrics (better: $SPECDEC_API_KEY, which "
+                   help="require 'Authorization: Bearer KEY' on every route but /health, the playground and "
+                        "/openapi.json (better: $SPECDEC_API_KEY, which "
                         "the process list does not show); several comma-separated keys are several tenants, "
                         "whose requests never share cached prompt prefixes. With --ray, read by this command and "
                         "passed to every replica")
@@ -32,9 +33,9 @@ def add_serve_args(s: argparse.ArgumentParser) -> None:
                         "(example.com,*.example.com; '*' = any). Default: loopback names only when --host is "
                         "loopback, any Host otherwise (but no web Origin: see --allowed-origins)")
     s.add_argument("--allowed-origins", default=None, metavar="NAMES",
-                   help="comma-separated host names of web pages allowed to call the API from a browser, besides "
-                        "loopback ones, the --allowed-hosts names and the server's own IP address "
-                        "(app.example.com; '*' = any). Default: none")
+                   help="comma-separated web origins allowed to call the API from a browser, besides loopback "
+                        "ones, the --allowed-hosts names and the server's own IP address (app.example.com, "
+                        "https://app.example.com, *.example.com; matched by host name; '*' = any). Default: none")
     s.add_argument("--served-model-name", default=None, help="model name clients pass (default: the target's)")
     s.add_argument("--max-concurrency", type=int, default=8, help="requests decoded together (default 8)")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond that; then 429 (default 64)")
@@ -87,18 +88,55 @@ def allowed_hosts(host: str, names: str | None) -> tuple[str, ...]:
 
     if names is None:
         return () if is_loopback(host) else ("*",)
-    return _names(names)
+    return _names(names, "--allowed-hosts")
 
 
 def allowed_origins(origins: str | None) -> tuple[str, ...]:
     """``ServerConfig.allowed_origins`` from ``--allowed-origins``: the names given (the ``--allowed-hosts``
     names count as origins too, but not the ``*`` that a non-loopback ``--host`` gives the ``Host``
     check: a web page on the network, by DNS rebinding, must not drive a server not told to trust it)."""
-    return _names(origins or "")
+    return _names(origins or "", "--allowed-origins", urls=True)
 
 
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(h.strip() for h in text.split(",") if h.strip())
+def _names(text: str, option: str, urls: bool = False) -> tuple[str, ...]:
+    """The host-name patterns of a comma-separated option: ``name``, ``*.suffix``, ``*``, an IP literal
+    (``[v6]`` too), and with ``urls`` an origin (``https://name[:port]``, whose host name is kept).
+
+    Raises:
+        ValueError: for an empty entry, a port, a path, a space, or a ``*`` anywhere but a leading ``*.``.
+    """
+    import re
+    from urllib.parse import urlsplit
+
+    if not text.strip():
+        return ()
+    out = []
+    for raw in text.split(","):
+        name = raw.strip()
+        if urls and "://" in name:
+            parts = urlsplit(name)
+            if parts.scheme not in ("http", "https") or parts.path not in ("", "/") or parts.query or not parts.hostname:
+                raise ValueError(f"{option}: {name!r} is not an origin (https://name or https://name:port)")
+            name = parts.hostname
+        name = name.lower().rstrip(".")
+        if name.startswith("[") and name.endswith("]"):
+            name = name[1:-1]
+        ok = name == "*" or re.fullmatch(r"(\*\.)?[a-z0-9_-]+(\.[a-z0-9_-]+)*", name) or _is_ip(name)
+        if not ok:
+            raise ValueError(f"{option}: {raw.strip()!r} is not a host name (name, *.suffix, an IP address or *"
+                             f"{', or an origin https://name' if urls else ''}; no port or path)")
+        out.append(name)
+    return tuple(out)
+
+
+def _is_ip(name: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return False
 
 
 def parse_serve_args(argv: list[str]) -> argparse.Namespace:
@@ -132,6 +170,7 @@ def check_serve_args(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     api_key_of(args)  # an empty key (option or environment) is refused, not taken as "no key"
+    allowed_hosts(args.host, args.allowed_hosts), allowed_origins(args.allowed_origins)  # bad names: refused now
     if not args.drain_timeout >= 0:  # NaN too
         raise ValueError(f"--drain-timeout must be 0 or more seconds, got {args.drain_timeout}")
     check_model_args(args)
@@ -161,6 +200,8 @@ def api_key_of(args: argparse.Namespace) -> str | tuple[str, ...] | None:
     keys = [k.strip() for k in text.split(",")]
     if not all(keys):
         raise ValueError(f"{source} is empty or holds an empty key; give a key, or unset it to serve without one")
+    if not all(k.isascii() and k.isprintable() and " " not in k for k in keys):
+        raise ValueError(f"{source}: a key must be printable ASCII without spaces (HTTP clients send headers so)")
     return keys[0] if len(keys) == 1 else tuple(keys)
 
 

@@ -9,7 +9,10 @@
   for ``Origin``, so that a server that accepts any ``Host`` (a non-loopback address, whose names clients
   choose) still refuses every web origin it was not told about. An ``Origin`` naming the very IP address
   and port of the ``Host`` (a page this server served, opened by its IP address) is same-origin and
-  passes: no other site can have that origin. A request without these headers is not from a browser.
+  passes: no other site can have that origin. A browser's request (Fetch Metadata, ``Sec-Fetch-*``) must also
+  name the server by a loopback name, an IP address or a name of ``allowed_hosts`` other than ``*``: a
+  same-origin GET carries no ``Origin``, and after DNS rebinding an attacker's page is same-origin with its
+  own name. A request without these headers is not from a browser.
 - **API key** (one or several, one per tenant): ``Authorization: Bearer KEY`` on every route but the
   public ones (:data:`PUBLIC_ROUTES`: ``/health``, the playground, the OpenAPI schema), and ``/metrics``
   when ``metrics_public``. The route is the one the app resolves (Starlette's own matching, which honours
@@ -99,6 +102,20 @@ def _hostname(authority: str) -> str | None:
         return None
 
 
+def _from_browser(headers: dict[str, str]) -> bool:
+    """Whether a request comes from a web browser: browsers send Fetch Metadata (``Sec-Fetch-*``) on every
+    request, API clients none."""
+    return "sec-fetch-site" in headers or "sec-fetch-mode" in headers
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return True
+    except ValueError:
+        return False
+
+
 def _same_ip_origin(origin: str, host_header: str | None) -> bool:
     """Whether ``origin`` is ``http(s)://IP:PORT`` with the IP literal and port of the ``Host`` header: a
     page this server served itself at that address (no other site can have an IP origin of this host)."""
@@ -138,7 +155,8 @@ class AccessMiddleware:
         self.allowed_hosts, self.metrics_public = tuple(allowed_hosts), metrics_public
         # the Host names given are web origins of this server too; not a "*" (a server on a network address
         # accepts any Host, since clients choose its names, but a web page it was not told about stays out)
-        self.allowed_origins = (*allowed_origins, *(h for h in self.allowed_hosts if h != "*"))
+        self.allowed_origins = (*allowed_origins, *(h for h in self.allowed_hosts if h.rstrip(".") != "*"))
+        self.named_hosts = tuple(h for h in self.allowed_hosts if h.rstrip(".") != "*")
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -209,6 +227,14 @@ class AccessMiddleware:
             if host is None or not host_allowed(host, self.allowed_hosts):
                 return APIError(400, f"the Host header {headers['host']!r} is not a name of this server; {hint} "
                                 "(--allowed-hosts)", code="host_not_allowed")
+        if _from_browser(headers) and "host" in headers:
+            # a page's own requests carry no Origin on a same-origin GET: after DNS rebinding, an attacker's page
+            # is "same-origin" with its own name. A browser may name this server only by a name it was told
+            host = _hostname(headers["host"]) or ""
+            if not (host_allowed(host, self.named_hosts) or _is_ip(host)):
+                return APIError(403, f"browser requests to {headers['host']!r} are not allowed: open the server by "
+                                f"its IP address or a name it was given; {hint} (--allowed-hosts)",
+                                code="origin_not_allowed")
         if "origin" in headers:
             origin = headers["origin"]
             host = urlsplit(origin).hostname if origin.startswith(("http://", "https://")) else None

@@ -69,8 +69,10 @@ class ServerConfig:
             (:meth:`Engine.enable_suffix_cache`); 0 (the default) disables it: it is a side channel between
             clients (SECURITY.md).
         body_timeout: Seconds a client has to send a request body (408 after).
-        max_connections: Connections served at once (uvicorn's ``limit_concurrency``: 503 beyond);
-            ``None``: twice ``max_running + max_waiting``, at least 32.
+        header_timeout: Seconds a client has to send a request's headers, after connecting or after its
+            previous response; the connection is closed after (:mod:`specdec.server.connections`).
+        max_connections: Connections open at once; more are refused (503) as they open; ``None``: twice
+            ``max_running + max_waiting``, at least 32.
         stream_buffer: Events (chunks of tokens) a streamed response may have waiting for a client that
             does not read them; beyond it the request is cancelled (the client is too slow, or gone).
     """
@@ -90,6 +92,7 @@ class ServerConfig:
     prefill_chunk_tokens: int | None = 0
     suffix_cache_tokens: int = 0
     body_timeout: float = 30.0
+    header_timeout: float = 10.0
     max_connections: int | None = None
     stream_buffer: int = 4096
 
@@ -341,6 +344,18 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def uvicorn_config(app, config: ServerConfig, log_level: str = "info", drain_timeout: float | None = 120.0):
+    """uvicorn's settings for ``app``: h11 with bounded headers, a deadline for each request's headers and a
+    bound on open connections (:func:`specdec.server.connections.protocol`), idle keep-alive connections
+    closed after 5 s, and ``drain_timeout`` seconds for in-flight requests at shutdown."""
+    import uvicorn
+
+    from specdec.server.connections import protocol
+
+    return uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=drain_timeout, timeout_keep_alive=5,
+                          http=protocol(config.connections, config.header_timeout))
+
+
 def run_server(engine, config: ServerConfig, host: str = "127.0.0.1", port: int = 8000,
                drain_timeout: float | None = 120.0, log_level: str = "info") -> None:
     """Serve with uvicorn until SIGINT/SIGTERM; in-flight requests finish (up to ``drain_timeout``
@@ -364,8 +379,7 @@ def run_server(engine, config: ServerConfig, host: str = "127.0.0.1", port: int 
     dead: list[BaseException] = []
     sock = listen_socket(host, port)
     bound = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=drain_timeout,
-                                           limit_concurrency=config.connections, timeout_keep_alive=5))
+    server = uvicorn.Server(uvicorn_config(app, config, log_level=log_level, drain_timeout=drain_timeout))
 
     def on_fatal(error: BaseException) -> None:  # every request has its error already: stop serving
         dead.append(error)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from specdec.output import StreamChunk
-from specdec.scheduler import QueueFullError, SchedulerClosedError, SchedulerDiedError
+from specdec.scheduler import QueueFullError, RequestError, SchedulerClosedError, SchedulerDiedError
 from specdec.server.errors import APIError
 from specdec.server.protocol import (
     ChatCompletionRequest, CompletionRequest, PromptTokensDetails, SpeculativeStats, Usage,
@@ -343,10 +343,11 @@ class Choices:
 
 
 def engine_error(e: BaseException) -> APIError:
-    """An error raised in the scheduler thread as an API error: 400 for a ValueError (the request's own
-    fault, its message written for clients), 503 when the scheduler died or the client's stream overflowed,
-    else 500 saying only that generation failed; the details go to the log, not to the client."""
-    if isinstance(e, ValueError):
+    """An error raised in the scheduler thread as an API error: 400 for a request the engine refused at
+    admission (:class:`~specdec.scheduler.RequestError`, its message written for clients), 503 when the
+    scheduler died or the client's stream overflowed, else 500 saying only that generation failed (a
+    ``ValueError`` of a library during a step too); the details go to the log, not to the client."""
+    if isinstance(e, RequestError):
         return APIError(400, str(e))
     if isinstance(e, StreamOverflowError):
         return APIError(503, f"request cancelled: {e}", code="client_too_slow")

@@ -123,27 +123,126 @@ def test_bodies_are_read_only_by_routes_that_take_one():
     asyncio.run(go())
 
 
-def test_run_server_bounds_connections(monkeypatch, engine):
-    """Finding 6: uvicorn ran without a connection limit; run_server gives it one (503 beyond)."""
-    import uvicorn
+def test_connection_settings():
+    """Finding 6: uvicorn ran without a connection limit; the server's config bounds connections (twice the
+    requests it admits, at least 32) and runs h11 with a header deadline."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    from specdec.server import app as app_module
+    from specdec.server.app import uvicorn_config
 
-    seen = {}
-
-    class Stop(Exception):
-        pass
-
-    def fake_server(config):
-        seen.update(limit=config.limit_concurrency, keep_alive=config.timeout_keep_alive)
-        raise Stop
-
-    monkeypatch.setattr(uvicorn, "Server", fake_server)
-    with pytest.raises(Stop):
-        app_module.run_server(engine, ServerConfig(model_name="tiny", max_running=2, max_waiting=10), port=0)
-    assert seen == {"limit": 32, "keep_alive": 5}
+    config = ServerConfig(model_name="t", max_running=2, max_waiting=10)
+    uv = uvicorn_config(object(), config)
+    assert issubclass(uv.http, H11Protocol) and uv.timeout_keep_alive == 5 and uv.limit_concurrency is None
+    assert config.connections == 32 and config.header_timeout == 10.0
     assert ServerConfig(model_name="t", max_running=8, max_waiting=64).connections == 144
     assert ServerConfig(model_name="t", max_connections=7).connections == 7
+
+
+def _raw(port: int) -> "socket.socket":
+    import socket
+
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    return s
+
+
+def _read_all(sock) -> bytes:
+    out = b""
+    while chunk := sock.recv(65536):
+        out += chunk
+    return out
+
+
+def test_silent_and_slow_connections_are_closed(engine):
+    """Red team (issue 37): 31 connections that never sent a request held the connection bound forever (the
+    keep-alive timeout starts only after a response), and a request's headers could trickle in for ever."""
+    import time
+
+    with LiveServer(engine, header_timeout=0.5) as srv:
+        silent, slow = _raw(srv.port), _raw(srv.port)
+        slow.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")  # and never the blank line
+        t0 = time.monotonic()
+        assert _read_all(silent) == b"" and _read_all(slow) == b""  # closed by the server
+        assert time.monotonic() - t0 < 5
+        ok = _raw(srv.port)  # a client that sends its request in time is served, and kept alive between
+        ok.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        assert ok.recv(65536).startswith(b"HTTP/1.1 200")
+        ok.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        assert ok.recv(65536).startswith(b"HTTP/1.1 200")
+        assert _read_all(ok) == b""  # then idle: closed
+
+
+def test_headers_are_bounded(engine):
+    """Red team (issue 37): httptools buffered a header of any size (one request took the server from 146
+    to 503 MB); h11 refuses headers past 16 KB."""
+    with LiveServer(engine) as srv:
+        s = _raw(srv.port)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: ")
+        try:
+            for _ in range(64):  # up to 4 MB; the server answers and closes long before
+                s.sendall(b"x" * 65536)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        reply = _read_all(s)
+        assert not reply.startswith(b"HTTP/1.1 200"), reply[:80]
+
+
+def test_connections_beyond_the_bound_get_a_json_503(engine):
+    """Finding 6 and the red team: connections are bounded, and the refusal is in OpenAI's error shape (not
+    uvicorn's plain-text 503)."""
+    with LiveServer(engine, max_connections=3, header_timeout=30) as srv:
+        held = [_raw(srv.port) for _ in range(3)]
+        extra = _raw(srv.port)
+        reply = _read_all(extra)
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503") and b"application/json" in head
+        assert json.loads(body)["error"]["code"] == "too_many_connections"
+        for s in held:
+            s.close()
+        import time
+
+        time.sleep(0.3)
+        assert httpx.get(f"{srv.root}/health", timeout=30).status_code == 200  # room again
+
+
+def test_browser_requests_name_the_server(engine):
+    """Red team (issue 37): on a network address without --allowed-hosts, a page rebound to the server's
+    address read /metrics and /v1/models: a same-origin GET carries no Origin. A browser's request (Fetch
+    Metadata) must name the server by loopback, an IP address or a name it was given."""
+    browser = {"sec-fetch-site": "same-origin", "sec-fetch-mode": "cors"}
+    with LiveServer(engine, allowed_hosts=("*",)) as srv:
+        for path in ("/metrics", "/v1/models", "/"):
+            r = httpx.get(srv.root + path, headers={"host": "evil.example:8000", **browser}, timeout=30)
+            assert r.status_code == 403, (path, r.status_code)
+            assert httpx.get(srv.root + path, headers={"host": "evil.example:8000"}, timeout=30).status_code == 200
+            for host in ("10.0.0.5:8000", "[fd00::1]:8000", "localhost:8000"):
+                assert httpx.get(srv.root + path, headers={"host": host, **browser}, timeout=30).status_code == 200
+    with LiveServer(engine, allowed_hosts=("box.lan", "*.")) as srv:  # "*." is a "*": no origin, no name
+        assert httpx.get(srv.root + "/v1/models", headers={"host": "box.lan", **browser}, timeout=30).status_code == 200
+        r = httpx.get(srv.root + "/v1/models", headers={"host": "evil.example", **browser}, timeout=30)
+        assert r.status_code == 403
+        r = httpx.get(srv.root + "/v1/models", headers={"host": "evil.example", "origin": "http://evil.example"}, timeout=30)
+        assert r.status_code == 403
+
+
+def test_option_values_are_checked(tiny_target_path, monkeypatch):
+    """Red team (issue 37): origins given as URLs or with ports never matched, silently; a non-ASCII key could
+    not be sent by HTTP clients. Origins are read as host names (a URL's host kept), the rest refused."""
+    import argparse
+
+    from specdec.options.serve import allowed_origins, api_key_of
+
+    assert allowed_origins("https://app.example.com, http://b.example:8080/, *.corp.") == (
+        "app.example.com", "b.example", "*.corp")
+    for bad in ("app.example.com:8080", "a b", "ex*ample.com", "https://a.example/path", ",,", "ftp://a.example"):
+        with pytest.raises(ValueError):
+            allowed_origins(bad)
+    monkeypatch.delenv("SPECDEC_API_KEY", raising=False)
+    with pytest.raises(ValueError, match="ASCII"):
+        api_key_of(argparse.Namespace(api_key="clé,k2"))
+    for argv in (["--allowed-origins", "app.example.com:8080"], ["--allowed-hosts", "a b"], ["--api-key", "clé"]):
+        p = _serve(["--target", str(tiny_target_path), "--port", "0", *argv])
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode != 0 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
 
 
 def test_origins_on_a_network_address(engine):
@@ -299,5 +398,9 @@ def test_engine_errors_tell_clients_nothing_inside():
     assert e.status == 500 and "ggml" not in e.message and "-3" not in e.message
     e = engine_error(SchedulerDiedError("boom at 0x7f00"))
     assert e.status == 503 and "0x7f00" not in e.message
-    e = engine_error(ValueError("the prompt is too long"))
-    assert e.status == 400 and e.message == "the prompt is too long"
+    from specdec.scheduler import RequestError
+
+    e = engine_error(RequestError("logit_bias id 999999 is outside the vocabulary"))
+    assert e.status == 400 and e.message == "logit_bias id 999999 is outside the vocabulary"
+    e = engine_error(ValueError("internal shapes (3,4) vs (5,) at /home/alice"))  # a library's, during a step
+    assert e.status == 500 and "alice" not in e.message
