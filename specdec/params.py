@@ -71,7 +71,7 @@ BOUNDS: dict[str, tuple[float, float, str]] = {
     "n": (1, float("inf"), "an integer >= 1"),
 }
 """``name -> (lowest, highest, what the error message says)`` of every numeric :class:`SamplingParams`
-field (``top_p`` excludes 0); the table in the README repeats it."""
+field (``top_p`` excludes 0); the table in docs/sampling.md repeats it."""
 
 _INTEGERS = frozenset({"top_k", "max_tokens", "min_tokens", "top_logprobs", "n"})
 
@@ -135,7 +135,7 @@ class SamplingParams:
             field); needs ``logprobs``.
         n: Independent samples per prompt, >= 1 (:meth:`for_sample`; ``Engine.generate_n``).
 
-    Every bound is in :data:`BOUNDS` (and the README's table); values past them make the math meaningless
+    Every bound is in :data:`BOUNDS` (and the table in docs/sampling.md); values past them make the math meaningless
     or overflow, so they are refused rather than clamped. Numbers given as strings are refused.
 
     Penalties, ``logit_bias`` and ``min_tokens`` also apply to greedy decoding (it takes the argmax of

@@ -12,7 +12,7 @@ checked against that header by ``tests/backends/test_ik_llama_cpp.py`` (the layo
 and the library's default parameters (a layout canary).
 
 ``SPECDEC_IK_LIB=/path/to/libllama.so`` loads another build of the same ik_llama.cpp sources (for example
-one built with ``-DGGML_NATIVE=ON``; see the README) instead of the wheel's.
+one built with ``-DGGML_NATIVE=ON``; see docs/backends.md) instead of the wheel's.
 
 Sequence bookkeeping is :class:`~specdec.backends.base.SequenceBook`'s, the batch, tokenizer and
 fingerprint loops :class:`~specdec.backends.gguf.GGUFBackend`'s; this module holds only ik_llama.cpp's own

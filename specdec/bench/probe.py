@@ -1,5 +1,5 @@
 """The score-cost curve ``S(n)``: wall seconds of one backend call scoring ``n`` tokens (logits for all ``n``)
-after a fixed context, the quantity speculation on a CPU lives on (see README, Adaptive speculation).
+after a fixed context, the quantity speculation on a CPU lives on (see docs/adaptive.md).
 
 ``python3 -m specdec.bench.probe --backends llama.cpp,ik`` prints the curve of each backend on the default
 target (``SPECDEC_IK_LIB=.../libllama.so`` in the environment: ik_llama.cpp's curve on that build; the

@@ -16,7 +16,7 @@ from specdec.params import SamplingParams
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default %(default)s)")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]")
     p.add_argument("--min-p", type=float, default=0.0, help="keep tokens with p >= min_p * max p (0 = off)")

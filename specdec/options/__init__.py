@@ -52,7 +52,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", choices=method_names(), default="auto",
-                   help="proposer (default auto: n-gram lookup or the draft model, k chosen each step by a cost "
+                   help="proposer (default %(default)s; auto: n-gram lookup, suffix decoding or a draft model, k chosen each step by a cost "
                         "model, 0 = plain when speculation does not pay)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=None,
                    help="most draft tokens per target call (ngram and suffix stop where their match gives out; "
