@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 from fake_lm import TableLM
 
-from specdec.policy.cost import ALONE, AcceptanceStats, CostModel, Load, expected_tokens
+from specdec.policy.acceptance import AcceptanceStats, expected_tokens
+from specdec.policy.cost import CostModel
+from specdec.types import ALONE, Load
 from specdec.engine import Engine
 from specdec.params import SamplingParams, SpecConfig
 from specdec.policy.auto import AutoProposer

@@ -2,7 +2,9 @@
 tokens per second.
 
 - :mod:`~specdec.policy.cost`: the cost model (eq. (3)): measured call costs ``S(n)``, draft costs ``D(k)``,
-  pooled acceptance per kind of proposal, calibration, and the best k of an option;
+  and the best k of an option;
+- :mod:`~specdec.policy.acceptance`: acceptance per kind of proposal (``alpha_i``, ``E(k)``, pooled and
+  per request) and the calibration of chosen options;
 - :mod:`~specdec.policy.timing`, :mod:`~specdec.policy.batch_cost`: how call costs are measured and fitted;
 - :mod:`~specdec.policy.schedule`: when to probe an option that lost, and the log of predictions;
 - :mod:`~specdec.policy.estimates`: a request's acceptance estimates per kind of proposal (slow start,

@@ -23,7 +23,9 @@ import numpy as np
 
 from specdec.backends.cache import SequenceCache
 from specdec.params import SamplingParams, SpecConfig
-from specdec.policy.cost import ALONE, Choice, CostModel, Load, expected_tokens
+from specdec.policy.acceptance import expected_tokens
+from specdec.policy.cost import Choice, CostModel
+from specdec.types import ALONE, Load
 from specdec.policy.schedule import PROBE_COST, ProbeSchedule
 from specdec.policy.sources import Sources
 from specdec.policy.tree import grow_tree

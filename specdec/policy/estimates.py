@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec.policy.cost import ALONE, AcceptanceStats, CostModel, Load
+from specdec.policy.acceptance import AcceptanceStats
+from specdec.policy.cost import CostModel
+from specdec.types import ALONE, Load
 from specdec.proposers.base import Outcome, Proposal, is_draft_kind
 
 START_K = 2

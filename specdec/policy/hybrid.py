@@ -16,7 +16,8 @@ import numpy as np
 
 from specdec.backends.cache import SequenceCache
 from specdec.params import SamplingParams, SpecConfig
-from specdec.policy.cost import ALONE, Choice, CostModel, Load
+from specdec.policy.cost import Choice, CostModel
+from specdec.types import ALONE, Load
 from specdec.policy.sources import Sources
 from specdec.proposers.base import EMPTY_PROPOSAL, Draws, Proposal, ProposerContext
 from specdec.proposers.draft_model import DraftModelProposer

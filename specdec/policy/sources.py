@@ -16,7 +16,9 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from specdec.policy.cost import ALONE, AcceptanceStats, Choice, CostModel, Load, expected_tokens
+from specdec.policy.acceptance import AcceptanceStats, expected_tokens
+from specdec.policy.cost import Choice, CostModel
+from specdec.types import ALONE, Load
 from specdec.policy.estimates import RequestEstimates
 from specdec.policy.schedule import PredictionLog
 from specdec.proposers.base import EMPTY_PROPOSAL, Outcome, Proposal

@@ -21,7 +21,8 @@ from typing import Sequence
 
 import numpy as np
 
-from specdec.policy.cost import Choice, CostModel, Load
+from specdec.policy.cost import Choice, CostModel
+from specdec.types import Load
 from specdec.policy.estimates import RequestEstimates
 from specdec.proposers.base import Proposal
 from specdec.verify.base import Draft

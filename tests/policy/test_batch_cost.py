@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specdec.policy.cost import ALONE, Calibration, CostModel, Load, expected_tokens
+from specdec.policy.acceptance import Calibration, expected_tokens
+from specdec.policy.cost import CostModel
+from specdec.types import ALONE, Load
 from specdec.policy.batch_cost import MIN_EVIDENCE, SharedCallCost
 from specdec.params import SamplingParams
 from specdec.policy.auto import AutoProposer

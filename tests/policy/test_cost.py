@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference_ngram import find_ngram_continuation
 
-from specdec.policy.cost import AcceptanceStats, CostModel, TimingTable, expected_tokens
+from specdec.policy.acceptance import AcceptanceStats, expected_tokens
+from specdec.policy.cost import CostModel, TimingTable
 from specdec.backends.cache import SequenceCache
 from specdec.engine import Engine
 from specdec.policy.auto import DRAFT_MARGIN as HybridDraftMargin

@@ -11,7 +11,7 @@ import pytest
 from policy_helpers import (GREEDY, FrozenCost, accepted_path, copy_text, cpu_seconds, flat_seconds, linear_seconds,
                             split_text)
 
-from specdec.policy.cost import Load
+from specdec.types import Load
 from specdec.policy.auto import AutoProposer
 from specdec.proposers import Outcome, Proposal, SuffixProposer
 from specdec.step import StepReport
