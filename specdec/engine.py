@@ -15,10 +15,9 @@ from specdec.backends.base import Backend
 from specdec.backends.chat_template import chat_pieces, encode_pieces
 from specdec.output import StreamChunk
 from specdec.params import SamplingParams, SpecConfig
-from specdec.policy.methods import PROPOSERS
 from specdec.proposers import Proposer, ProposerContext
 from specdec.proposers.suffix_index import SuffixCache
-from specdec.request import Request, new_request
+from specdec.request import Request, new_request, plan_speculation
 from specdec.step import speculative_step
 from specdec.types import GenerationResult, ModelInfo
 
@@ -130,10 +129,9 @@ class Engine:
         self.suffix_cache = SuffixCache(max_tokens) if max_tokens else None
 
     def check_spec(self, spec: SpecConfig) -> None:
-        """Raise ValueError when ``spec`` cannot run on this engine (a draft method without a draft)."""
-        if spec.k and PROPOSERS[spec.method].needs_draft and self.draft is None:
-            raise ValueError(f"method {spec.method!r} needs a draft model; pass one or choose "
-                             f"{', '.join(m for m, e in PROPOSERS.items() if not e.needs_draft)} or none")
+        """Raise ValueError when ``spec`` cannot run on this engine (a draft method without a draft): the
+        check :func:`specdec.request.plan_speculation` makes when a request is admitted, made early."""
+        plan_speculation(spec, self.draft is not None)
 
     # -- text ----------------------------------------------------------------------------------
     def tokenize(self, text: str, special: bool = False) -> list[int]:

@@ -9,14 +9,15 @@ the target, one in the draft model), and releases whatever it reserved if a late
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Sequence
 
 from specdec.backends.base import Backend
 from specdec.backends.cache import SequenceCache
 from specdec.output import Output, StreamChunk
-from specdec.params import SamplingParams, SpecConfig
+from specdec.params import PLAIN_METHOD, SamplingParams, SpecConfig
 from specdec.policy.methods import PROPOSERS
-from specdec.proposers.base import Proposer, ProposerContext
+from specdec.proposers.base import Proposer, ProposerContext, ProposerEntry
 from specdec.sampling import SamplingState
 from specdec.sequence import SequenceState
 from specdec.types import ModelInfo
@@ -55,6 +56,44 @@ class Request:
         self.close()
 
 
+@dataclass(frozen=True)
+class SpecPlan:
+    """A request's speculation, resolved once when it is admitted: every later step reads this, none decides
+    again whether to speculate.
+
+    Attributes:
+        k: Most draft tokens per step (:attr:`SpecConfig.num_speculative_tokens`); 0: plain decoding.
+        entry: The registered method that builds the request's proposer; ``None`` for plain decoding or a
+            proposer given ready-made.
+    """
+
+    k: int
+    entry: ProposerEntry | None
+
+
+def plan_speculation(spec: SpecConfig, has_draft: bool, proposer: Proposer | None = None) -> SpecPlan:
+    """The one place that decides whether and how far a request speculates.
+
+    Args:
+        spec: The request's proposer settings.
+        has_draft: Whether the engine has a draft model.
+        proposer: A ready-made proposer (tests, custom proposers): it speculates up to
+            ``spec.num_speculative_tokens`` whatever ``spec.method`` says.
+
+    Raises:
+        ValueError: for a method that needs a draft model when ``has_draft`` is false.
+    """
+    if proposer is not None:
+        return SpecPlan(spec.num_speculative_tokens, None)
+    if spec.method == PLAIN_METHOD or spec.num_speculative_tokens == 0:
+        return SpecPlan(0, None)
+    entry = PROPOSERS[spec.method]
+    if entry.needs_draft and not has_draft:
+        raise ValueError(f"method {spec.method!r} needs a draft model; pass one or choose "
+                         f"{', '.join(m for m, e in PROPOSERS.items() if not e.needs_draft)} or none")
+    return SpecPlan(spec.num_speculative_tokens, entry)
+
+
 def new_request(model: ModelInfo, target: Backend, prompt_ids: Sequence[int], params: SamplingParams,
                 spec: SpecConfig, proposers: ProposerContext, proposer: Proposer | None = None) -> Request:
     """Build a request: validate, then reserve the target sequence, then the proposer.
@@ -79,19 +118,20 @@ def new_request(model: ModelInfo, target: Backend, prompt_ids: Sequence[int], pa
                          "params.for_sample(i) for each sample")
     sampling = SamplingState(params, prompt_ids, model.vocab_size, model.eog_ids)  # validates logit_bias
     verifier = select_verifier(params, spec)
-    k_max = spec.num_speculative_tokens if proposer is not None else spec.k
-    entry = None if proposer is not None or spec.k == 0 else PROPOSERS[spec.method]
-    if entry is not None and entry.needs_draft and proposers.draft is None:
-        raise ValueError(f"method {spec.method!r} needs a draft model; this engine has none")
+    plan = plan_speculation(spec, proposers.draft is not None, proposer)
+    if proposer is not None and not plan.k:  # a given proposer with k = 0: plain decoding; the request owned it
+        proposer.close()
+        proposer = None
     output = Output(target.token_bytes, params)
     with contextlib.ExitStack() as undo:
         if proposer is not None:
             undo.callback(proposer.close)
         cache = SequenceCache(target, salt=proposers.cache_salt)
         undo.callback(cache.free)
-        if entry is not None:
-            proposer = entry.factory(proposers, spec)
+        if plan.entry is not None:
+            proposer = plan.entry.factory(proposers, spec)
             undo.callback(proposer.close)
-        seq = SequenceState(model, prompt_ids, params, sampling, cache, proposer, verifier, k_max, output)
+        seq = SequenceState(model, prompt_ids, params, sampling, cache, proposer if plan.k else None, verifier,
+                            plan.k, output)
         undo.pop_all()
     return Request(seq, output)

@@ -83,7 +83,8 @@ class SequenceState:
         target: The main KV mirror in the target model (owned: :meth:`release` frees it).
         proposer: The sequence's own proposer (owned), or ``None`` for plain decoding.
         verifier: The verifier of single-candidate steps (:func:`specdec.verify.select_verifier`).
-        k_max: Most draft tokens per step (0 = plain decoding).
+        k: Most draft tokens per step (:class:`~specdec.request.SpecPlan`; 0 = plain decoding, ``proposer``
+            then None).
         sink: Receives committed tokens (the output stage).
 
     Randomness is owned: the sequence's generator (seeded by ``params.seed``) is consumed only by its own
@@ -94,14 +95,15 @@ class SequenceState:
     """
 
     def __init__(self, model: ModelInfo, prompt_ids: Sequence[int], params: SamplingParams, sampling: SamplingState,
-                 target: SequenceCache, proposer: Proposer | None, verifier: Verifier, k_max: int, sink: TokenSink):
+                 target: SequenceCache, proposer: Proposer | None, verifier: Verifier, k: int, sink: TokenSink):
         self.model = model
         self.params = params
         self.sampling = sampling
         self.target = target
         self.proposer = proposer
         self.verifier = verifier
-        self.k_max = k_max if proposer is not None else 0
+        assert (proposer is None) == (k == 0), "a proposer speculates (k > 0), plain decoding has none"
+        self.k = k
         self.sink = sink
         self.rng = make_rng(params.seed)
         self.noise = PositionNoise(params.seed, model.vocab_size) if verifier.noise else None
@@ -174,10 +176,10 @@ class SequenceState:
 
     # -- 1. propose --------------------------------------------------------------------------------
     def draft_budget(self) -> int:
-        """Drafts allowed this step: ``k_max``, fewer near ``max_tokens`` and the end of the context (the
+        """Drafts allowed this step: ``k``, fewer near ``max_tokens`` and the end of the context (the
         target cache holds context + drafts, and at most k+1 tokens are committed)."""
         room = min(self.params.max_tokens - self.n_generated, self.model.n_ctx - len(self.context)) - 1
-        return max(0, min(self.k_max, room))
+        return max(0, min(self.k, room))
 
     def propose(self, load: Load = ALONE) -> Proposal:
         """This step's proposal (after the prefill: :meth:`plan_prefill`); ``load``: what else shares the

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-N_MAX = 65
-"""Most draft positions the acceptance statistics track, plus one (k_max = 64)."""
+TRACKED_POSITIONS = 65
+"""Most draft positions the acceptance statistics track, plus one (``MAX_SPECULATIVE_TOKENS`` = 64)."""
 
 ACCEPT_PRIOR = {"draft": 0.7, "ngram1": 0.25, "ngram2": 0.4, "ngram3": 0.55}
 """Prior acceptance rate per kind of proposal before any is measured; ``ngramN`` = an N-token suffix
@@ -56,7 +56,7 @@ class AcceptanceStats:
     """
 
     def __init__(self, prior: float, parent: "AcceptanceStats | None" = None, decay: float = 0.9,
-                 strength: float = 2.0, k_max: int = N_MAX):
+                 strength: float = 2.0, k_max: int = TRACKED_POSITIONS):
         self.prior = prior
         self.parent = parent
         self.decay = decay

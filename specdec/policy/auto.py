@@ -220,7 +220,7 @@ class AutoProposer(Sources):
             accept = est["suffix"]
             if (n_max := min(self.tree, self._free_sequences())) > 0 and self.suffix is not None:
                 a, c = float(accept[0]), suffix.confidence[0]
-                x = len(accept) + n_max * (self.cap("suffix") + 1)  # the chain + each branch's drafts and root
+                x = len(accept) + n_max * (self.slow_start_cap("suffix") + 1)  # the chain + each branch's drafts and root
                 if not beyond(accept, max(a, min(a / c if c > 0 else 0.0, 1.0 - a)), x):
                     return False
             elif not beyond(accept):

@@ -16,7 +16,7 @@ from specdec.proposers.base import Outcome, Proposal, is_draft_kind
 
 START_K = 2
 """``auto``'s first cap on drafts per step for each kind of proposal in a request (see
-:meth:`RequestEstimates.cap`)."""
+:meth:`RequestEstimates.slow_start_cap`)."""
 
 
 def kind_of(source: str, order: int) -> str:
@@ -44,7 +44,7 @@ class RequestEstimates:
             self._stats[kind] = self.cost.stats(kind)
         return self._stats[kind]
 
-    def cap(self, source: str) -> int:
+    def slow_start_cap(self, source: str) -> int:
         """Most drafts ``auto`` may propose now from a source (a drafter's kind, ``"ngram"``, ``"suffix"``):
         :data:`START_K` at first in a request, doubling each time a block is accepted whole (slow start).
         Estimates for positions this request has not reached come from other requests; a long block on their
@@ -61,11 +61,11 @@ class RequestEstimates:
     def accept(self, source: str, order: int, available: int, load: Load = ALONE,
                calibrated: bool = True) -> np.ndarray:
         """``[min(available, cap)] float64`` conditional acceptance estimates of ``source`` (``"ngram"``,
-        whose kind is ``ngram{order}``, ``"suffix"`` or a drafter's kind), capped by :meth:`cap`; with
+        whose kind is ``ngram{order}``, ``"suffix"`` or a drafter's kind), capped by :meth:`slow_start_cap`; with
         ``calibrated`` in a call shared under ``load`` (:meth:`shared`), scaled by what the engine's choices
         of that kind earned."""
         kind = kind_of(source, order)
-        accept = self.stats(kind).conditional(min(available, self.cap(source)))
+        accept = self.stats(kind).conditional(min(available, self.slow_start_cap(source)))
         return self.cost.calibration(kind).apply(accept) if calibrated and self.shared(load) else accept
 
     def suffix_accept(self, proposal: Proposal, load: Load = ALONE, calibrated: bool = True) -> np.ndarray:
@@ -85,4 +85,4 @@ class RequestEstimates:
         self.stats(kind).observe(proposed, accepted)
         source = kind if kind == "suffix" or is_draft_kind(kind) else "ngram"
         if self.adaptive and accepted == proposed:
-            self._cap[source] = 2 * self.cap(source)
+            self._cap[source] = 2 * self.slow_start_cap(source)

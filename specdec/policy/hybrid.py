@@ -3,7 +3,7 @@ choices by acceptance statistics alone (``auto``, :mod:`specdec.policy.auto`, pr
 
 The n-gram continuation when its first-position acceptance estimate is at least :data:`RULE_THRESHOLD`, else
 the first draft model; k = the number of leading positions whose estimate is at least the threshold (at least
-1), within the slow-start cap (:meth:`~specdec.policy.estimates.RequestEstimates.cap`).
+1).
 """
 
 from __future__ import annotations

@@ -61,9 +61,9 @@ class Sources:
         """This request's acceptance statistics of one kind (:meth:`RequestEstimates.stats`)."""
         return self.estimates.stats(kind)
 
-    def cap(self, source: str) -> int:
-        """Most drafts a source may propose now (:meth:`RequestEstimates.cap`)."""
-        return self.estimates.cap(source)
+    def slow_start_cap(self, source: str) -> int:
+        """Most drafts a source may propose now (:meth:`RequestEstimates.slow_start_cap`)."""
+        return self.estimates.slow_start_cap(source)
 
     def prepare(self, context: Sequence[int]) -> None:
         """Index the prompt (or its next chunk); each draft model is prefilled lazily when it first drafts."""
