@@ -204,7 +204,7 @@ def _backend_loader(backend: str, device: str | None, dtype: str | None, **kwarg
     backend = backend_name(backend)
     if backend in GGUF_BACKENDS:
         if device not in (None, "cpu") or dtype not in (None, "float32"):
-            raise ValueError(f"--device and --dtype apply to --backend hf; {backend} runs GGUF files on the CPU")
+            raise ValueError(f"device= and dtype= apply to backend='hf'; {backend} runs GGUF files on the CPU")
         from specdec.models import resolve_model
 
         if backend == "llama.cpp":
@@ -226,7 +226,7 @@ def _backend_loader(backend: str, device: str | None, dtype: str | None, **kwarg
         from specdec.backends import hf_loading  # noqa: F401
         from specdec.backends.hf import HFBackend
     except ImportError as e:
-        raise ValueError(f"--backend hf needs transformers and torch: pip install 'specdec-engine[hf]' ({e})") from e
+        raise ValueError(f"backend='hf' needs transformers and torch: pip install 'specdec-engine[hf]' ({e})") from e
     return lambda name, exact=False: HFBackend.load(name, device=device or "cpu", dtype=dtype or "float32", **kwargs)
 
 

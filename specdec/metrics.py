@@ -107,7 +107,7 @@ class ServerMetrics:
             "on unseen tokens included).", ["drafter"], registry=r)
         self.drafter_calls = Counter(
             "specdec_spec_decode_drafter_calls", "Forward calls of each draft model: one per draft token, fewer "
-            "when it drafts as a cascade (--cascade: one call checks a guessed block).", ["drafter"], registry=r)
+            "when it drafts as a cascade (one call checks a guessed block).", ["drafter"], registry=r)
         Gauge("specdec_spec_decode_mean_accepted_length", "Mean accepted length since start: "
               "specdec_spec_decode_committed_tokens / specdec_spec_decode_target_calls, i.e. tokens committed per "
               "target call, the recovered or bonus token included (plain decoding: 1). NaN before any call.",

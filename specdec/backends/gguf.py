@@ -293,4 +293,4 @@ def check_cells(n_ctx: int, n_seq_max: int, n_cells: int | None = None) -> None:
     cells = max(n_ctx * n_seq_max, n_cells or 0)
     if cells > MAX_KV_CELLS:
         raise ValueError(f"n_ctx {n_ctx} x {n_seq_max} sequences = {cells} KV cells is more than llama.cpp "
-                         f"can address ({MAX_KV_CELLS}); choose a smaller --n-ctx")
+                         f"can address ({MAX_KV_CELLS}); choose a smaller n_ctx")

@@ -25,7 +25,7 @@ import transformers
 from packaging.version import Version
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-"""Names accepted by ``--dtype``."""
+"""Names accepted as ``dtype`` (``load_engine(dtype=...)``, :meth:`specdec.backends.hf.HFBackend.load`)."""
 
 _VOCAB_META = "specdec.json"
 """File in a dequantized-GGUF folder recording the source file and its unused (padding) token ids."""
@@ -57,7 +57,7 @@ def parse_device(name: str) -> torch.device:
         raise ValueError(f"unknown device {name!r}; use cpu, cuda or cuda:N") from e
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device {name!r} asked for, but torch sees no CUDA device here; use --device cpu")
+            raise ValueError(f"device {name!r} asked for, but torch sees no CUDA device here; use device='cpu'")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here")
     elif device.type != "cpu":

@@ -166,12 +166,12 @@ class CheckResult:
 def validate_check(params: SamplingParams, spec: SpecConfig, n_samples: int, depth: int, alpha: float) -> None:
     """Raise ValueError, saying how to fix it, for settings :func:`run_check` cannot test."""
     if params.greedy:
-        raise ValueError("check needs sampling: pass --temperature > 0 (greedy output is compared "
-                         "token for token by `specdec generate --compare`)")
+        raise ValueError("check needs sampling: pass temperature > 0 (greedy output is compared with "
+                         "plain decoding token for token instead)")
     if spec.k == 0:
-        raise ValueError("check needs speculation: choose --method draft or ngram with -k >= 1")
+        raise ValueError("check needs speculation: choose method='draft' or 'ngram' with num_speculative_tokens >= 1")
     if n_samples < 20 or not 1 <= depth <= 4 or not 0 < alpha < 1:
-        raise ValueError("need --samples >= 20, --depth in 1..4 and --alpha in (0, 1)")
+        raise ValueError("need n_samples >= 20, depth in 1..4 and alpha in (0, 1)")
 
 
 def run_check(engine, prompt_ids: Sequence[int], params: SamplingParams, spec: SpecConfig,

@@ -31,11 +31,14 @@ def build_parser() -> argparse.ArgumentParser:
 API_TO_CLI = {"chat=False": "--raw", "draft=": "--draft", "method=": "--method ", "n_ctx": "--n-ctx",
               "n_threads": "--threads", "max_running": "--max-concurrency",
               "num_speculative_tokens": "-k/--num-speculative-tokens",
+              "backend='hf'": "--backend hf", "device='cpu'": "--device cpu", "device=": "--device",
+              "dtype=": "--dtype", "n_samples": "--samples", "depth": "--depth", "alpha": "--alpha",  # run_check's
               **{name: "--" + name.replace("_", "-") for name in (
                   "max_tokens", "min_tokens", "temperature", "seed", "top_k", "top_p", "min_p", "repetition_penalty",
                   "presence_penalty", "frequency_penalty", "logit_bias", "draft_p_min", "suffix_min_prob",
                   "suffix_alternatives")}}
-"""The library's errors name its API (parameters, values); the CLI names its own options instead."""
+"""The library's errors name its API (parameters, values); the CLI names its own options instead. Terms are
+tried in this order, so a term with its value (``device='cpu'``) comes before the bare term (``device=``)."""
 
 _API_TERM = re.compile("|".join(  # whole words: no word character or '-' on either side (a trailing '=' is its own end)
     rf"(?<![\w-]){re.escape(k)}" + (r"(?![\w-])" if k[-1].isalnum() else "") for k in API_TO_CLI))

@@ -1,4 +1,4 @@
-"""The cost model and the k policy of adaptive speculation (``--method auto``).
+"""The cost model and the k policy of adaptive speculation (``method="auto"``).
 
 One speculative step drafts ``k`` tokens and scores ``k+1`` in one target call. With
 ``alpha_i = P(draft i accepted | drafts 1..i-1 accepted)`` the expected number of committed tokens is

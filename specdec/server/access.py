@@ -226,14 +226,14 @@ class AccessMiddleware:
             host = _hostname(headers["host"])
             if host is None or not host_allowed(host, self.allowed_hosts):
                 return APIError(400, f"the Host header {headers['host']!r} is not a name of this server; {hint} "
-                                "(--allowed-hosts)", code="host_not_allowed")
+                                "(allowed_hosts)", code="host_not_allowed")
         if _from_browser(headers) and "host" in headers:
             # a page's own requests carry no Origin on a same-origin GET: after DNS rebinding, an attacker's page
             # is "same-origin" with its own name. A browser may name this server only by a name it was told
             host = _hostname(headers["host"]) or ""
             if not (host_allowed(host, self.named_hosts) or _is_ip(host)):
                 return APIError(403, f"browser requests to {headers['host']!r} are not allowed: open the server by "
-                                f"its IP address or a name it was given; {hint} (--allowed-hosts)",
+                                f"its IP address or a name it was given; {hint} (allowed_hosts)",
                                 code="origin_not_allowed")
         if "origin" in headers:
             origin = headers["origin"]
@@ -241,7 +241,7 @@ class AccessMiddleware:
             if host is None or not (host_allowed(host, self.allowed_origins)
                                     or _same_ip_origin(origin, headers.get("host"))):
                 return APIError(403, f"requests from the web origin {origin!r} are not allowed; {hint} "
-                                "(--allowed-origins)", code="origin_not_allowed")
+                                "(allowed_origins)", code="origin_not_allowed")
         if not self.keys:
             return None
         scheme, _, token = headers.get("authorization", "").partition(" ")

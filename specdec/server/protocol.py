@@ -41,7 +41,7 @@ class SpeculativeOptions(BaseModel):
     method: str | None = Field(None, description="A SpecConfig method: draft, ngram, suffix, hybrid, auto or none.")
     num_speculative_tokens: int | None = Field(None, ge=0, le=MAX_SPECULATIVE_TOKENS)
     cascade: bool | None = Field(None, description="Draft models draft as a cascade (prompt lookup guesses, "
-                                 "one draft call checks each guess); default: the server's --cascade.")
+                                 "one draft call checks each guess); default: the server's setting.")
     provenance: bool = Field(False, description="Add per-token provenance to each choice (see TokenProvenanceOut).")
 
 

@@ -245,7 +245,7 @@ def spec_for(engine, req) -> SpecConfig:
     try:
         engine.check_spec(spec)
     except ValueError as e:
-        raise APIError(400, f"speculative.method: {e} (start the server with --draft)",
+        raise APIError(400, f"speculative.method: {e} (start the server with a draft model)",
                        param="speculative.method") from None
     return spec
 

@@ -239,3 +239,22 @@ def test_stdin_not_utf8_is_one_line(capsys, models, monkeypatch, errors):
     code, _, err = run(capsys, "generate", "-", "--max-tokens", "4", *models)
     assert code == 2 and err.startswith("specdec: error: cannot read the prompt from stdin: not UTF-8 text (")
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("library, cli", [
+    ("device= and dtype= apply to backend='hf'; llama.cpp runs GGUF files on the CPU",
+     "--device and --dtype apply to --backend hf; llama.cpp runs GGUF files on the CPU"),
+    ("device 'cuda' asked for, but torch sees no CUDA device here; use device='cpu'",
+     "device 'cuda' asked for, but torch sees no CUDA device here; use --device cpu"),
+    ("n_ctx 9 x 2 sequences = 18 KV cells is more than llama.cpp can address (16); choose a smaller n_ctx",
+     "--n-ctx 9 x 2 sequences = 18 KV cells is more than llama.cpp can address (16); choose a smaller --n-ctx"),
+    ("check needs speculation: choose method='draft' or 'ngram' with num_speculative_tokens >= 1",
+     "check needs speculation: choose --method 'draft' or 'ngram' with -k/--num-speculative-tokens >= 1"),
+    ("need n_samples >= 20, depth in 1..4 and alpha in (0, 1)", "need --samples >= 20, --depth in 1..4 and --alpha in (0, 1)"),
+    ("suffix_depth must be in 1..256, got 0", "suffix_depth must be in 1..256, got 0"),  # whole words only
+])
+def test_library_errors_name_the_api_and_the_cli_translates(library, cli):
+    """Library errors name parameters (issue 38); the one-line CLI error names the options instead."""
+    from specdec.cli import cli_terms
+
+    assert cli_terms(library) == cli and "--" not in library
