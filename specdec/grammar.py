@@ -1,0 +1,236 @@
+"""Structured outputs: a grammar (JSON schema, regular expression, Lark) that constrains what a request may
+generate, on llguidance (the engine llama.cpp, vLLM and SGLang use).
+
+The constraint is a mask over the vocabulary at each position: the target's distribution becomes
+``p_c(x) ∝ p(x) * allowed(x)``, and speculation stays lossless with respect to ``p_c``: every row the
+verifier reads is masked with the matcher advanced over the drafts before it, the draft model's ``q`` is
+masked with the same states, drafts the grammar refuses are cut before they are scored, and the matcher is
+rolled back to the accepted prefix after verification. Where the grammar allows exactly one continuation,
+that token is certain: it can be drafted at no cost (:meth:`Constraint.forced`).
+
+- :class:`GrammarSpec`: what a request asks for (frozen, validated at the edge: a bad schema is a
+  ``ValueError`` naming the problem, before anything is reserved);
+- :class:`Vocabulary`: the model's tokens as llguidance sees them (built once per engine);
+- :class:`Constraint`: one request's matcher: masks, drafts' valid prefix, commit and rollback.
+
+This module knows token ids, bytes and llguidance; not models, logits' meaning, or proposers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable, Literal, Sequence
+
+import numpy as np
+
+KINDS = ("json_schema", "json_object", "regex", "lark")
+"""Grammar kinds a request may give."""
+
+JSON_OBJECT_SCHEMA = {"type": "object"}
+"""``response_format: {"type": "json_object"}``: any JSON object."""
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """A request's constraint.
+
+    Attributes:
+        kind: ``"json_schema"`` (``source``: the schema as JSON text), ``"json_object"`` (any object; no
+            ``source``), ``"regex"`` (a regular expression the whole output matches) or ``"lark"`` (a Lark
+            grammar; llama.cpp's GBNF is converted by :meth:`from_gbnf`).
+        source: The schema, expression or grammar text.
+
+    Raises:
+        ValueError: an unknown kind, or a source llguidance refuses (its message, one line).
+    """
+
+    kind: Literal["json_schema", "json_object", "regex", "lark"]
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown grammar kind {self.kind!r}; choose one of {', '.join(KINDS)}")
+        if self.kind == "json_schema":
+            try:
+                json.loads(self.source)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"the JSON schema is not JSON: {e}") from None
+        _validate(self.grammar())
+
+    @classmethod
+    def json_schema(cls, schema: dict | str) -> "GrammarSpec":
+        """A constraint to JSON matching ``schema`` (a dict or its JSON text)."""
+        return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
+
+    @classmethod
+    def from_gbnf(cls, gbnf: str) -> "GrammarSpec":
+        """A constraint from llama.cpp's GBNF grammar text (converted to Lark by llguidance).
+
+        Raises:
+            ValueError: when the text is not GBNF llguidance can convert.
+        """
+        from llguidance.gbnf_to_lark import gbnf_to_lark
+
+        try:
+            return cls("lark", gbnf_to_lark(gbnf))
+        except Exception as e:  # llguidance raises its own types
+            raise ValueError(f"the GBNF grammar does not convert: {_one_line(e)}") from None
+
+    def grammar(self) -> str:
+        """The llguidance grammar (its JSON form) of this constraint."""
+        from llguidance import LLMatcher
+
+        if self.kind == "json_object":
+            return LLMatcher.grammar_from_json_schema(json.dumps(JSON_OBJECT_SCHEMA))
+        if self.kind == "json_schema":
+            return LLMatcher.grammar_from_json_schema(self.source)
+        if self.kind == "regex":
+            return LLMatcher.grammar_from_regex(self.source)
+        return LLMatcher.grammar_from_lark(self.source)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:400]
+
+
+def _validate(grammar: str) -> None:
+    from llguidance import LLMatcher
+
+    try:
+        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+    except Exception as e:
+        raise ValueError(f"the grammar is invalid: {_one_line(e)}") from None
+    if is_error:
+        raise ValueError(f"the grammar is invalid: {_one_line(messages[0] if messages else 'unknown error')}")
+
+
+class _Tokens:
+    """What llguidance's ``TokenizerWrapper`` reads: the tokens' bytes, the special ids, end of
+    generation, and a tokenize function."""
+
+    def __init__(self, tokens: list[bytes], eos: int, special: Sequence[int], tokenize: Callable[[bytes], list[int]]):
+        self.tokens, self.eos_token_id, self.bos_token_id = tokens, eos, None
+        self.special_token_ids = list(special)
+        self._tokenize = tokenize
+
+    def __call__(self, text: bytes) -> list[int]:
+        return self._tokenize(text)
+
+
+class Vocabulary:
+    """A model's vocabulary for llguidance, built once per engine (~1 s for 151,936 tokens).
+
+    Args:
+        token_bytes: ``id -> bytes`` of each token (special tokens: their text).
+        vocab_size: ``V``: the real vocabulary (ids ``0..V-1``).
+        eog_ids: Ids that end generation: allowed where the grammar can end, refused elsewhere.
+        tokenize: ``bytes -> ids``, the model's tokenizer (llguidance tokenizes forced text with it).
+        special_ids: Control tokens (never allowed inside a grammar's text).
+    """
+
+    def __init__(self, token_bytes: Callable[[int], bytes], vocab_size: int, eog_ids: frozenset[int],
+                 tokenize: Callable[[bytes], list[int]], special_ids: Sequence[int] = ()):
+        from llguidance import LLTokenizer, TokenizerWrapper
+
+        self.vocab_size = vocab_size
+        self.eog_ids = frozenset(eog_ids)
+        eos = min(self.eog_ids) if self.eog_ids else 0
+        tokens = [token_bytes(i) for i in range(vocab_size)]
+        special = sorted(set(special_ids) | self.eog_ids)
+        wrapper = TokenizerWrapper(_Tokens(tokens, eos, special, tokenize))
+        self.tokenizer = LLTokenizer(wrapper, n_vocab=vocab_size, eos_token=sorted(self.eog_ids) or None)
+
+    def constraint(self, spec: GrammarSpec) -> "Constraint":
+        """A fresh matcher for one request.
+
+        Raises:
+            ValueError: when llguidance cannot build the matcher (a grammar too large, say).
+        """
+        return Constraint(self, spec)
+
+
+class Constraint:
+    """One request's grammar state: the tokens committed so far, masks for the positions to be scored.
+
+    Args:
+        vocab: The engine's :class:`Vocabulary`.
+        spec: What the request asked for.
+
+    Raises:
+        ValueError: when the matcher cannot be built from ``spec``.
+    """
+
+    def __init__(self, vocab: Vocabulary, spec: GrammarSpec):
+        from llguidance import LLMatcher
+
+        self.vocab, self.spec = vocab, spec
+        self.matcher = LLMatcher(vocab.tokenizer, spec.grammar())
+        if self.matcher.is_error():
+            raise ValueError(f"the grammar is invalid: {_one_line(self.matcher.get_error())}")
+        self._words = (vocab.vocab_size + 31) // 32
+
+    # -- masks -----------------------------------------------------------------------------------
+    def mask(self) -> np.ndarray:
+        """``[V] bool``: the tokens allowed next (end-of-generation ids where the grammar can end)."""
+        bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint32)
+        allowed = np.unpackbits(bits.view(np.uint8), bitorder="little")[: self.vocab.vocab_size].astype(bool)
+        if self.matcher.is_accepting():  # llguidance allows its own eos there; every eog id ends the text
+            allowed[list(self.vocab.eog_ids)] = True
+        return allowed
+
+    def masks(self, drafts: Sequence[int]) -> np.ndarray:
+        """``[k+1, V] bool``: the masks of the positions a target call scores after ``drafts`` (all of which
+        the grammar must accept, :meth:`valid_prefix`): row ``i`` is the mask after the first ``i`` drafts.
+        The matcher is back where it was afterwards."""
+        rows = [self.mask()]
+        for i, t in enumerate(drafts):
+            if not self._consume(t):
+                self.rollback(i)
+                raise ValueError(f"draft token {t} at position {i} is outside the grammar")
+            rows.append(self.mask())
+        self.rollback(len(drafts))
+        return np.stack(rows)
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        """How many leading ``tokens`` the grammar accepts from here (end-of-generation included where it can
+        end); the matcher is unchanged."""
+        return self.matcher.validate_tokens(self._ids(tokens))
+
+    def forced(self, limit: int) -> list[int]:
+        """Up to ``limit`` tokens the grammar allows as the only continuation from here (a key, a brace, a
+        quote): certain drafts, at no cost."""
+        return list(self.matcher.compute_ff_tokens())[:limit]
+
+    # -- state -----------------------------------------------------------------------------------
+    def commit(self, tokens: Sequence[int]) -> None:
+        """Advance over committed tokens (those the verifier accepted, and the one it added).
+
+        Raises:
+            ValueError: for a token the grammar refuses (a bug: committed tokens were sampled masked).
+        """
+        for i, t in enumerate(tokens):
+            if not self._consume(t):
+                raise ValueError(f"committed token {t} is outside the grammar ({self.matcher.get_error()})")
+
+    def rollback(self, n: int) -> None:
+        """Undo the last ``n`` tokens consumed."""
+        if n and not self.matcher.rollback(n):
+            raise RuntimeError(f"the grammar matcher could not roll back {n} tokens")
+
+    @property
+    def finished(self) -> bool:
+        """True when the grammar can take nothing more (the output is complete)."""
+        return self.matcher.is_stopped()
+
+    def _ids(self, tokens: Sequence[int]) -> list[int]:
+        """Token ids as llguidance knows them: every end-of-generation id is its eos."""
+        eos = self.vocab.tokenizer.eos_token
+        return [eos if t in self.vocab.eog_ids else int(t) for t in tokens]
+
+    def _consume(self, token: int) -> bool:
+        """Consume one token if the grammar accepts it (the matcher never enters its error state; an
+        end-of-generation token where the grammar can end finishes it)."""
+        if token in self.vocab.eog_ids:
+            return self.matcher.is_accepting() and self.matcher.consume_token(self.vocab.tokenizer.eos_token)
+        return self.matcher.try_consume_tokens([int(token)]) == 1
