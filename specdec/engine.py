@@ -89,14 +89,12 @@ class Engine:
     def capacity(self) -> int:
         """Requests the backends can hold at once (one target sequence and one per draft model each; with
         exact numerics, one target context each)."""
-        return min(min(getattr(b, "n_seq_max", 1), getattr(b, "n_contexts", 1 << 30)) for b in (self.target, *self.drafts))
+        return min(b.capacity for b in (self.target, *self.drafts))
 
     def close(self) -> None:
         """Close the target and draft backends (their models and KV caches are freed); safe to call twice."""
         for backend in (self.target, *self.drafts):
-            close = getattr(backend, "close", None)
-            if close is not None:
-                close()
+            backend.close()
 
     def __enter__(self) -> "Engine":
         return self
@@ -110,8 +108,7 @@ class Engine:
         (:class:`~specdec.backends.prefix.PrefixCache`; 0 turns parking off). Running requests are
         always offered as prefixes."""
         for backend in (self.target, *self.drafts):
-            if hasattr(backend, "prefix"):
-                backend.prefix.configure(max_sequences, max_tokens)
+            backend.prefix.configure(max_sequences, max_tokens)
 
     def enable_suffix_cache(self, max_tokens: int) -> None:
         """Keep the outputs of finished requests (up to ``max_tokens`` tokens, oldest first to go) for
@@ -237,7 +234,7 @@ class Engine:
         trees = target.numerics != "exact"
         context = ProposerContext(drafts=self.drafts, vocab_size=self.info.vocab_size, cost=self.cost,
                                   suffix_cache=self.suffix_cache, cache_salt=cache_salt,
-                                  free_sequences=lambda: getattr(target, "free_sequences", 0) if trees else 0)
+                                  free_sequences=lambda: target.free_sequences if trees else 0)
         return new_request(self.info, self.target, prompt_ids, params, spec, context, proposer)
 
     def step(self, requests: Sequence[Request], prefill_chunk: int | None = None):

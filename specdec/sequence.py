@@ -4,7 +4,7 @@ A :class:`SequenceState` holds one request's committed context, sampling state, 
 and KV-cache mirror(s), and counts its statistics. :func:`specdec.step.speculative_step` drives it: first
 :meth:`~SequenceState.plan_prefill` once per chunk of the prompt (the last chunk's logits give the first
 token), then every step :meth:`~SequenceState.propose` -> :meth:`~SequenceState.plan` (what the target must
-score) -> :meth:`~SequenceState.target_rows` (after the call) -> the verifier -> :meth:`~SequenceState.commit`.
+score) -> :meth:`~SequenceState.record_call` (after the call) -> the verifier -> :meth:`~SequenceState.commit`.
 Committed tokens go to the request's output stage through the narrow :class:`TokenSink` protocol, which
 answers whether a stop string ended the text.
 
@@ -211,7 +211,7 @@ class SequenceState:
     def _alternative_cache(self) -> SequenceCache | None:
         """A sequence holding the committed context but its last token, for one alternative candidate."""
         backend = self.target.backend
-        if getattr(backend, "free_sequences", 0) < 1:
+        if backend.free_sequences < 1:
             return None
         cache = SequenceCache(backend, salt=self.target.salt)
         self._aux.append(cache)
@@ -220,9 +220,9 @@ class SequenceState:
             return None
         return cache
 
-    def target_rows(self, plan: ScorePlan, logits: dict[int, np.ndarray]) -> list[TargetRows]:
-        """Record what the call evaluated and wrap each candidate's ``[k_j+1, V]`` logits (padding rows
-        sliced off) for the verifier."""
+    def record_call(self, plan: ScorePlan, logits: dict[int, np.ndarray]) -> list[TargetRows]:
+        """Record what the target call evaluated (each KV mirror now holds its ``plan.new`` tokens) and wrap
+        each candidate's ``[k_j+1, V]`` logits (padding rows sliced off) for the verifier."""
         for cache, new in zip(plan.caches, plan.new):
             cache.commit(new)
         self.call_tokens = plan.n_tokens if self.prefilled else 1  # the prompt's last chunk: a plain step next

@@ -157,7 +157,7 @@ def speculative_step(target: Backend, seqs: Sequence[SequenceState], cost=None,
             if plan.partial:
                 seq.prefill_chunk_done(plan)
                 continue
-            rows = seq.target_rows(plan, logits[seq])
+            rows = seq.record_call(plan, logits[seq])
             verifier = seq.verifier if len(rows) == 1 else multi_candidate_verifier(seq.verifier)
             result = verifier(plan.candidates, rows, seq.rng)
             report.outcomes.append(seq.commit(plan, result, rows))

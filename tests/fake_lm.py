@@ -16,7 +16,9 @@ from specdec.backends.base import SequenceBook
 
 
 class TableLM(SequenceBook):
-    """A fake backend.
+    """A fake backend: the Backend protocol with its capabilities (:class:`~specdec.backends.base.SequencePool`,
+    :class:`~specdec.backends.base.PrefixCaching`), the bookkeeping :class:`SequenceBook`'s and the library
+    calls a table lookup.
 
     Args:
         vocab: ``V``; the last token is the end-of-generation token.
@@ -82,6 +84,9 @@ class TableLM(SequenceBook):
 
     def token_bytes(self, token_id: int) -> bytes:
         return f"<{token_id}>".encode()
+
+    def control_token_texts(self) -> frozenset[str]:
+        return frozenset()
 
     def apply_chat_template(self, messages) -> str:
         raise ValueError("no chat template")

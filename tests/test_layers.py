@@ -35,12 +35,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 (``specdec.server.ray_serve`` is above ``specdec.server``); ``specdec`` alone is the package's
 ``__init__``, the public API. A module may import its own layer and those before it."""
 
-KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
-    # issue 38, outside this change's files: a cycle inside specdec.backends: Backend.retain builds a
-    # SequenceCache and PrefixCache annotates the caches it holds, while SequenceCache is built on both
-    ("specdec.backends.base", "specdec.backends.cache"): "Backend.retain builds a SequenceCache",
-    ("specdec.backends.prefix", "specdec.backends.cache"): "PrefixCache holds SequenceCaches (TYPE_CHECKING)",
-}
+KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
 """Edges allowed to break the rules for now, each with its reason; delete an entry once its edge is gone."""
 
 

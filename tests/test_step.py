@@ -6,6 +6,7 @@ import pytest
 from fake_lm import TableLM
 from scipy import stats
 
+from specdec.backends.cache import release, retain
 from specdec.engine import Engine
 from specdec.params import SamplingParams, SpecConfig
 from specdec.proposers import Proposal
@@ -137,13 +138,13 @@ def test_retained_prefix_is_copied_not_recomputed(tiny_target):
     fresh = engine.generate(ids, GREEDY)
     sizes = []
     real_eval = tiny_target.eval
-    donor = tiny_target.retain(ids)
+    donor = retain(tiny_target, ids)
     tiny_target.eval = lambda batch: sizes.append(sum(len(t) for t, _ in batch.values())) or real_eval(batch)
     try:
         again = engine.generate(ids, GREEDY)
     finally:
         del tiny_target.eval
-        tiny_target.release(donor)
+        release(donor)
     assert again.token_ids == fresh.token_ids
     assert sizes[0] == 1  # the prefill evaluated only the last prompt token
     assert tiny_target.sequences == ()

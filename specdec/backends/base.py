@@ -1,23 +1,26 @@
-"""The Backend protocol and the sequence bookkeeping every backend shares.
+"""The Backend protocol, its capabilities, and the sequence bookkeeping every backend shares.
 
 A backend holds one model and many sequences (one sequence id per request) in one context. It knows
-token ids and logits, never sampling or speculation. :class:`SequenceBook` is the bookkeeping every
-backend shares (ids, lengths, batch validation, rollback of a failed call, the prefix cache of
-:mod:`specdec.backends.prefix`); a backend file adds only what is its library's own (:meth:`SequenceBook._forward`, :meth:`SequenceBook._drop`,
-:meth:`SequenceBook._copy`). The KV-cache mirror that rolls a sequence back is
-:class:`specdec.backends.cache.SequenceCache`.
+token ids and logits, never sampling or speculation. What the engine asks of a backend beyond evaluation is
+declared as small protocols that :class:`Backend` is made of, never probed for: :class:`SequencePool` (how
+many sequences it holds), :class:`PrefixCaching` (the prefix cache of :mod:`specdec.backends.prefix`, and
+saving a sequence's KV to host memory). A backend that cannot do part of it says so through the declared
+answer (``save_sequence`` returns None, ``copy_prefix`` False), not by lacking the attribute.
+
+:class:`SequenceBook` implements both for every backend (ids, lengths, batch validation, rollback of a
+failed call, the prefix cache); a backend file adds only what is its library's own
+(:meth:`SequenceBook._forward`, :meth:`SequenceBook._drop`, :meth:`SequenceBook._copy`,
+:meth:`SequenceBook._save`). The KV-cache mirror that rolls a sequence back, and the prefixes retained on
+purpose, are :mod:`specdec.backends.cache`'s.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 from specdec.backends.prefix import PrefixCache
-
-if TYPE_CHECKING:
-    from specdec.backends.cache import SequenceCache
 
 
 class BackendError(RuntimeError):
@@ -29,14 +32,55 @@ class CacheFullError(BackendError):
     frees parked prefixes and tries once more)."""
 
 
+class SequencePool(Protocol):
+    """How many sequences a backend holds: the requests an engine admits, and whether an alternative
+    candidate of a token tree finds a sequence of its own.
+
+    Attributes:
+        n_seq_max: Sequence ids that can exist at once.
+    """
+
+    n_seq_max: int
+
+    @property
+    def capacity(self) -> int:
+        """Sequences that can hold tokens at once: ``n_seq_max``, fewer where each needs a context of its
+        own (exact numerics, :attr:`specdec.backends.ik_exact.IkExactBackend.n_contexts`)."""
+
+    @property
+    def free_sequences(self) -> int:
+        """Sequences that ``new_sequence`` can still reserve now (parked prefixes give way)."""
+
+
+class PrefixCaching(Protocol):
+    """A backend whose new sequences start from the KV of the longest prefix another holds
+    (:mod:`specdec.backends.prefix`), and that keeps finished sequences as such prefixes: saved to host
+    memory where it can save a sequence, else parked in its KV cache.
+
+    Attributes:
+        prefix: The donors a new sequence may copy from, and the finished sequences kept (configured by
+            :meth:`specdec.engine.Engine.enable_prefix_cache`; keeping is off until then).
+    """
+
+    prefix: PrefixCache
+
+    def save_sequence(self, seq_id: int) -> bytearray | None:
+        """Copy the KV state of ``seq_id`` out of the library's cache; None where the backend cannot save
+        a sequence (its finished sequences are parked instead) or the sequence is empty."""
+
+    def load_sequence(self, seq_id: int, state: bytearray, n_tokens: int) -> bool:
+        """Make ``seq_id`` hold a state from :meth:`save_sequence` of ``n_tokens`` tokens; False when the
+        library refuses (``seq_id`` is then empty)."""
+
+
 @runtime_checkable
-class Backend(Protocol):
-    """One loaded model serving many sequences.
+class Backend(SequencePool, PrefixCaching, Protocol):
+    """One loaded model serving many sequences (and the capabilities :class:`SequencePool` and
+    :class:`PrefixCaching`, which :class:`SequenceBook` implements for every backend).
 
     Attributes:
         n_vocab: Rows of the logits (vocabulary size, padding included).
         n_ctx: Context window per sequence, in tokens.
-        n_seq_max: Sequences that can exist at once.
         eog_ids: Token ids that end generation (for example ``<|im_end|>``, ``<|endoftext|>``).
         name: A short human-readable model name.
         numerics: ``"exact"`` when a row's logits depend on its own sequence's tokens only, whatever else
@@ -46,7 +90,6 @@ class Backend(Protocol):
 
     n_vocab: int
     n_ctx: int
-    n_seq_max: int
     eog_ids: frozenset[int]
     name: str
     numerics: str
@@ -104,18 +147,25 @@ class Backend(Protocol):
         id is ever cut off: counting real tokens instead would cut off the ids after the padding, the
         end-of-generation tokens among them."""
 
+    def close(self) -> None:
+        """Free the model and every sequence; idempotent. Later calls raise BackendError."""
 
-class SequenceBook:
-    """Sequence bookkeeping shared by every backend: ids, lengths, batch checks, rollback, retained prefixes.
 
-    A subclass sets ``n_vocab``, ``n_ctx``, ``n_seq_max`` and ``name``, calls :meth:`_init_book`, and
-    implements three library calls: :meth:`_forward` (evaluate a validated batch), :meth:`_drop`
-    (remove positions ``n..`` of a sequence) and, optionally, :meth:`_copy` (share a prefix).
+class SequenceBook(SequencePool, PrefixCaching):
+    """Sequence bookkeeping shared by every backend: ids, lengths, batch checks, rollback, the prefix cache
+    (:class:`SequencePool` and :class:`PrefixCaching`, implemented here once).
+
+    A subclass sets ``n_vocab``, ``n_ctx``, ``n_seq_max``, ``eog_ids`` and ``name``, calls :meth:`_init_book`,
+    and implements the library calls: :meth:`_forward` (evaluate a validated batch), :meth:`_drop` (remove
+    positions ``n..`` of a sequence) and, optionally, :meth:`_copy` (share a prefix), :meth:`_save` and
+    :meth:`_load` (a sequence's KV to host memory and back); a backend whose library holds memory of its
+    own frees it in :meth:`close`.
     """
 
     n_vocab: int
     n_ctx: int
     n_seq_max: int
+    eog_ids: frozenset[int]
     name: str
     numerics = "fast"  # see Backend.numerics
 
@@ -185,6 +235,11 @@ class SequenceBook:
     def free_sequences(self) -> int:
         """Sequences that :meth:`new_sequence` can still reserve (parked prefixes give way)."""
         return len(self._free_ids) + len(self.prefix.parked)
+
+    @property
+    def capacity(self) -> int:
+        """Sequences that can hold tokens at once (see :class:`SequencePool`): every id, here."""
+        return self.n_seq_max
 
     @property
     def busy_sequences(self) -> tuple[int, ...]:
@@ -262,6 +317,11 @@ class SequenceBook:
         if self.closed:
             raise BackendError(f"{self.name} is closed")
 
+    def close(self) -> None:
+        """Forget every sequence; later calls raise BackendError (a backend file frees its library's
+        memory too, and calls :meth:`_close_book`)."""
+        self._close_book()
+
     def _close_book(self) -> None:
         """Mark the backend closed and forget every sequence (for the backend's ``close``)."""
         self._init_book()
@@ -313,29 +373,3 @@ class SequenceBook:
                 if not isinstance(e, CacheFullError) or not parked:
                     raise
                 self.prefix.evict(len(self.prefix.parked))  # room for running sequences first
-
-    # -- prefixes kept on purpose ----------------------------------------------------------------
-    def retain(self, tokens: Sequence[int]) -> "SequenceCache":
-        """Evaluate ``tokens`` into a sequence pinned for reuse: a new :class:`SequenceCache` whose first
-        tokens match copies their KV cells from it instead of evaluating them (where :meth:`copy_prefix`
-        works). Release it with :meth:`release`.
-
-        Raises:
-            BackendError: when no sequence is free or the evaluation fails.
-        """
-        from specdec.backends.cache import SequenceCache
-
-        cache = SequenceCache(self)
-        try:
-            cache.score(list(tokens), 1)
-        except BaseException:
-            cache.free()
-            raise
-        self.prefix.unregister(cache)
-        self.prefix.pinned.append(cache)
-        return cache
-
-    def release(self, cache: "SequenceCache") -> None:
-        """Stop offering a pinned prefix and free its sequence."""
-        self.prefix.pinned.remove(cache)
-        cache.free()

@@ -6,6 +6,7 @@ its last draft token) are handled by the same few lines. An empty cache starts f
 another sequence holds (:class:`~specdec.backends.prefix.PrefixCache`: running, pinned or parked
 sequences, or saved states of finished ones) by copying KV cells instead of evaluating them again, and
 :meth:`SequenceCache.fork` copies another cache's prefix (alternative candidates of one step).
+:func:`retain` pins a prefix on purpose (``specdec check``'s prompt), :func:`release` gives it back.
 This module knows token ids and the Backend protocol, nothing about sampling or speculation.
 """
 
@@ -38,9 +39,8 @@ class SequenceCache:
         self.tokens: list[int] = []
         self.filling: Sequence[int] = ()  # what the last plan() fills the cache towards (a whole prompt)
         self.reused = 0  # tokens copied from another sequence instead of evaluated (prefix cache hit)
-        self._prefix = getattr(backend, "prefix", None)
-        if self._prefix is not None:
-            self._prefix.register(self)
+        self._prefix = backend.prefix
+        self._prefix.register(self)
 
     def plan(self, tokens: Sequence[int], n_logits: int) -> list[int]:
         """Roll the cache back so that evaluating the returned tokens makes it hold ``tokens`` exactly
@@ -60,7 +60,7 @@ class SequenceCache:
         if common < len(self.tokens):
             self.backend.truncate(self.seq_id, common)
             del self.tokens[common:]
-        if not self.tokens and self._prefix is not None and len(tokens) - n_logits > 0:
+        if not self.tokens and len(tokens) - n_logits > 0:
             donor, n = self._prefix.best(self, tokens, len(tokens) - n_logits)
             if donor is not None and (self.load(donor, n) if isinstance(donor, SavedPrefix) else self.fork(donor, n)):
                 self.reused = n
@@ -73,7 +73,7 @@ class SequenceCache:
         assert 1 <= n_logits <= len(tokens), (n_logits, len(tokens))
         limit = len(tokens) - n_logits
         held = common_prefix(self.tokens, tokens, min(len(self.tokens), limit))
-        if not held and self._prefix is not None and limit > 0:
+        if not held and limit > 0:
             held = self._prefix.reusable(self, tokens, limit)
         return len(tokens) - held
 
@@ -82,8 +82,7 @@ class SequenceCache:
         evaluating a longer prefix of them than any donor holds now (requests that share a new system prompt
         and arrive together), so copying it later saves evaluating it twice
         (:meth:`~specdec.backends.prefix.PrefixCache.filling`)."""
-        return (not self.tokens and self._prefix is not None
-                and self._prefix.filling(self, tokens, len(tokens) - n_logits))
+        return not self.tokens and self._prefix.filling(self, tokens, len(tokens) - n_logits)
 
     def fork(self, other: "SequenceCache", n_tokens: int) -> bool:
         """Make this cache hold the first ``n_tokens`` of ``other`` (same backend) by copying KV cells.
@@ -127,8 +126,7 @@ class SequenceCache:
 
     def free(self) -> None:
         """Release the sequence in the backend."""
-        if self._prefix is not None:
-            self._prefix.unregister(self)
+        self._prefix.unregister(self)
         self.backend.free_sequence(self.seq_id)
         self.tokens = []
 
@@ -137,10 +135,35 @@ class SequenceCache:
         to host memory and its cells freed where the backend can save, else parked with its cells), and
         free it otherwise."""
         prefix = self._prefix
-        if prefix is not None and prefix.accepts(len(self.tokens)):
+        if prefix.accepts(len(self.tokens)):
             state = self.backend.save_sequence(self.seq_id)
             if state is not None:
                 prefix.keep(SavedPrefix(list(self.tokens), state, self.salt))
             elif prefix.park(self):
                 return
         self.free()
+
+
+def retain(backend: Backend, tokens: Sequence[int]) -> SequenceCache:
+    """Evaluate ``tokens`` into a sequence pinned for reuse: a new :class:`SequenceCache` whose first tokens
+    match copies their KV cells from it instead of evaluating them (where
+    :meth:`~specdec.backends.base.Backend.copy_prefix` works). Give it back with :func:`release`.
+
+    Raises:
+        BackendError: when no sequence is free or the evaluation fails.
+    """
+    cache = SequenceCache(backend)
+    try:
+        cache.score(list(tokens), 1)
+    except BaseException:
+        cache.free()
+        raise
+    backend.prefix.unregister(cache)
+    backend.prefix.pinned.append(cache)
+    return cache
+
+
+def release(cache: SequenceCache) -> None:
+    """Stop offering a prefix pinned by :func:`retain` and free its sequence."""
+    cache.backend.prefix.pinned.remove(cache)
+    cache.free()

@@ -114,6 +114,11 @@ class IkExactBackend(IkLlamaCppBackend):
             self.close()
             raise
 
+    @property
+    def capacity(self) -> int:
+        """Sequences that can hold tokens at once: one a context (see :class:`~specdec.backends.base.SequencePool`)."""
+        return self.n_contexts
+
     def _create(self) -> int:
         """A new empty context for one sequence.
 

@@ -1,15 +1,16 @@
 """Prefix caching: a new sequence starts from the KV cells of the longest prefix it shares with another.
 
-Every backend built on :class:`~specdec.backends.base.SequenceBook` has a :class:`PrefixCache`. It knows
+Every backend has a :class:`PrefixCache` (:class:`~specdec.backends.base.PrefixCaching`). It knows
 the sequences a new one may copy from (vLLM's automatic prefix caching, SGLang's RadixAttention and
 llama-server's slot reuse do the same job):
 
 - **live** sequences (running requests: their committed tokens, or anything their cache holds);
-- **pinned** prefixes, kept on purpose (:meth:`SequenceBook.retain`: ``specdec check``'s prompt);
+- **pinned** prefixes, kept on purpose (:func:`specdec.backends.cache.retain`: ``specdec check``'s prompt);
 - **saved** prefixes: requests that finished, their KV state copied out to host memory
   (:class:`SavedPrefix`, llama.cpp's ``llama_state_seq_get_data``) and their cells freed, where the
-  backend can save a sequence (:meth:`SequenceBook.save_sequence`): a new sequence that shares their prefix
-  loads the state back (a memory copy) and truncates it, as llama-server's host prompt cache does;
+  backend can save a sequence (:meth:`~specdec.backends.base.PrefixCaching.save_sequence`): a new
+  sequence that shares their prefix loads the state back (a memory copy) and truncates it, as
+  llama-server's host prompt cache does;
 - **parked** sequences: finished requests kept in the KV cache itself, where the backend cannot save
   (transformers' ``DynamicCache``, the test models).
 
@@ -39,10 +40,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Sequence
-
-if TYPE_CHECKING:
-    from specdec.backends.cache import SequenceCache
+from typing import Iterator, Protocol, Sequence
 
 MAX_SAVED = 1024
 """Most saved prefixes kept at once, whatever their tokens: every lookup compares the prompt with each."""
@@ -50,6 +48,26 @@ MAX_SAVED = 1024
 WAIT_MIN = 32
 """Fewest tokens of its prompt that a new sequence must gain by waiting for another sequence's prefill
 (:meth:`PrefixCache.filling`): a shorter shared part is cheaper to evaluate than to wait for."""
+
+
+class KVSequence(Protocol):
+    """What the prefix cache knows of a sequence in the backend's KV cache
+    (:class:`specdec.backends.cache.SequenceCache` is one).
+
+    Attributes:
+        seq_id: The backend's sequence id.
+        tokens: ``[n] int`` the token ids its KV cache holds, in order.
+        filling: ``[m] int`` what it is being filled towards (a whole prompt, while prefilling in chunks).
+        salt: Its prefix-cache salt: it copies only from donors of the same salt, and only they from it.
+    """
+
+    seq_id: int
+    tokens: list[int]
+    filling: Sequence[int]
+    salt: str
+
+    def free(self) -> None:
+        """Release the sequence in the backend."""
 
 
 @dataclass(eq=False)
@@ -90,9 +108,9 @@ class PrefixCache:
 
     def __init__(self, max_sequences: int = 0, max_tokens: int = 0):
         self.max_sequences, self.max_tokens = max_sequences, max_tokens
-        self.live: dict[int, SequenceCache] = {}
-        self.pinned: list[SequenceCache] = []
-        self.parked: collections.OrderedDict[int, SequenceCache] = collections.OrderedDict()
+        self.live: dict[int, KVSequence] = {}
+        self.pinned: list[KVSequence] = []
+        self.parked: collections.OrderedDict[int, KVSequence] = collections.OrderedDict()
         self.saved: collections.OrderedDict[int, SavedPrefix] = collections.OrderedDict()  # id(p) -> p, LRU first
         self.lookups = self.hits = self.reused_tokens = 0
 
@@ -102,11 +120,11 @@ class PrefixCache:
         self._shrink()
 
     # -- membership -----------------------------------------------------------------------------
-    def register(self, cache: "SequenceCache") -> None:
+    def register(self, cache: KVSequence) -> None:
         """A new live sequence."""
         self.live[cache.seq_id] = cache
 
-    def unregister(self, cache: "SequenceCache") -> None:
+    def unregister(self, cache: KVSequence) -> None:
         """A sequence being freed (live, parked or pinned)."""
         self.live.pop(cache.seq_id, None)
         self.parked.pop(cache.seq_id, None)
@@ -136,7 +154,7 @@ class PrefixCache:
         """Tokens held by saved prefixes."""
         return sum(len(p.tokens) for p in self.saved.values())
 
-    def park(self, cache: "SequenceCache") -> bool:
+    def park(self, cache: KVSequence) -> bool:
         """Keep a finished sequence, cells and all, as a donor if parking is on and it fits.
 
         Returns:
@@ -172,7 +190,7 @@ class PrefixCache:
             held -= len(self.saved.popitem(last=False)[1].tokens)
 
     # -- lookup ---------------------------------------------------------------------------------
-    def donors(self) -> Iterator["SequenceCache | SavedPrefix"]:
+    def donors(self) -> Iterator["KVSequence | SavedPrefix"]:
         """Every sequence a new one may copy from, and every saved prefix it may load. Sequences in the
         cache come first: at equal length, sharing cells costs nothing, loading a state a memory copy."""
         yield from self.pinned
@@ -180,8 +198,8 @@ class PrefixCache:
         yield from self.live.values()
         yield from self.saved.values()
 
-    def best(self, cache: "SequenceCache", tokens: Sequence[int],
-             limit: int) -> tuple["SequenceCache | SavedPrefix | None", int]:
+    def best(self, cache: KVSequence, tokens: Sequence[int],
+             limit: int) -> tuple["KVSequence | SavedPrefix | None", int]:
         """The donor sharing the longest prefix (at most ``limit`` tokens) with ``tokens``, for the new
         sequence ``cache``; counts the lookup, and refreshes a kept donor's place in the LRU order."""
         self.lookups += 1
@@ -194,13 +212,13 @@ class PrefixCache:
                 self.parked.move_to_end(best.seq_id)
         return best, best_n
 
-    def reusable(self, cache: "SequenceCache", tokens: Sequence[int], limit: int) -> int:
+    def reusable(self, cache: KVSequence, tokens: Sequence[int], limit: int) -> int:
         """Tokens of ``tokens`` (at most ``limit``) that the new sequence ``cache`` could copy now; no
         counters, no LRU refresh (:meth:`best` is the lookup that copies)."""
         return self._longest(cache, tokens, limit)[1]
 
-    def _longest(self, cache: "SequenceCache", tokens: Sequence[int],
-                 limit: int) -> tuple["SequenceCache | SavedPrefix | None", int]:
+    def _longest(self, cache: KVSequence, tokens: Sequence[int],
+                 limit: int) -> tuple["KVSequence | SavedPrefix | None", int]:
         """The donor other than ``cache`` holding the longest prefix of ``tokens`` (at most ``limit``), and
         its length (``None, 0`` when none shares a token); no counters, no LRU refresh."""
         best, best_n = None, 0
@@ -212,7 +230,7 @@ class PrefixCache:
                 best, best_n = donor, n
         return best, best_n
 
-    def filling(self, cache: "SequenceCache", tokens: Sequence[int], limit: int) -> bool:
+    def filling(self, cache: KVSequence, tokens: Sequence[int], limit: int) -> bool:
         """Whether a live sequence is still evaluating a prefix of ``tokens`` (at most ``limit`` of them) at
         least :data:`WAIT_MIN` tokens longer than any donor holds now: the new sequence ``cache`` then waits
         and copies it once evaluated, instead of evaluating the same tokens beside it (requests sharing a new

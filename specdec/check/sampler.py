@@ -25,7 +25,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from specdec.backends.cache import SequenceCache
+from specdec.backends.cache import SequenceCache, release, retain
 from specdec.check.statistics import EOG, CellTable, Fit, NextDist, exact_cells, goodness_of_fit
 from specdec.params import SamplingParams, SpecConfig
 from specdec.policy.methods import PROPOSERS
@@ -76,11 +76,11 @@ def retained_prompt(engine, prompt_ids: Sequence[int], spec: SpecConfig) -> Iter
     retained = []
     try:
         for backend in backends:
-            retained.append((backend, backend.retain(list(prompt_ids))))
+            retained.append(retain(backend, list(prompt_ids)))
         yield
     finally:
-        for backend, cache in retained:
-            backend.release(cache)
+        for cache in retained:
+            release(cache)
 
 
 def sample_prefixes(engine, prompt_ids: Sequence[int], params: SamplingParams, spec: SpecConfig, n: int,

@@ -125,7 +125,7 @@ def test_the_shared_context_does_depend_on_the_call(model_paths):
 def test_a_context_per_sequence_and_no_more(model_paths):
     backend = exact(model_paths["f32"], n_seq_max=4, n_cells=2 * N_CTX)
     try:
-        assert backend.n_contexts == 2
+        assert backend.n_contexts == 2 and backend.capacity == 2  # what an engine on it admits
         a, b, c = backend.new_sequence(), backend.new_sequence(), backend.new_sequence()
         backend.eval({a: (PROMPT, 1), b: (PROMPT[:5], 1)})
         assert not backend.copy_prefix(a, c, 10)  # no context free for c: refused, c stays empty

@@ -12,7 +12,7 @@ from fake_lm import TableLM
 from server_helpers import tiny_engine
 
 from specdec.backends.base import CacheFullError
-from specdec.backends.cache import SequenceCache
+from specdec.backends.cache import SequenceCache, release, retain
 from specdec.engine import Engine
 from specdec.params import SamplingParams, SpecConfig
 from specdec.scheduler import Scheduler
@@ -270,10 +270,10 @@ def test_full_kv_cache_evicts_parked_prefixes(tiny_target_path, gguf_backend):
 def test_check_pins_the_prompt(pair):
     """``specdec check``'s samples start from the pinned prompt: one token evaluated per sample."""
     ids = pair.encode_prompt("The capital of France is")
-    donor = pair.target.retain(ids)
+    donor = retain(pair.target, ids)
     try:
         res = pair.generate(ids, GREEDY, SpecConfig(method="none"))
         assert res.stats.cached_prompt_tokens == len(ids) - 1
     finally:
-        pair.target.release(donor)
+        release(donor)
     assert not pair.target.sequences
