@@ -115,10 +115,10 @@ def one_request_layout(spec: SpecConfig, backend: str | None, n_ctx: int,
     trees, :data:`~specdec.policy.auto.TREE_ALTERNATIVES`; ``suffix``'s ``suffix_alternatives``), each
     holding at most k + 1 cells of its own beside the context it shares (copied cells).
 
-    On ik_llama.cpp spare sequences cost a lone decode nothing (62-64 ms a step with 1 or 4, measured on
-    the default target), so ``auto`` gets them; on llama.cpp a multi-sequence (unified) cache costs every
-    step ~3%, so there only alternatives asked for (``suffix_alternatives``) get sequences, and ``auto``
-    stays with chains. ``kv_cells`` None: the backend's default.
+    On ik_llama.cpp spare sequences cost a lone decode nothing measurable, so ``auto`` gets them; on
+    llama.cpp a multi-sequence (unified) cache costs every step a few percent, so there only alternatives
+    asked for (``suffix_alternatives``) get sequences, and ``auto`` stays with chains (measured:
+    ``docs/bench/README.md``, section "KV-cache layout"). ``kv_cells`` None: the backend's default.
     """
     from specdec.params import MAX_SPECULATIVE_TOKENS
     from specdec.policy.auto import TREE_ALTERNATIVES

@@ -150,6 +150,34 @@ class Vocabulary:
         return Constraint(self, spec)
 
 
+_VOCABULARIES: "weakref.WeakKeyDictionary" = None  # backend -> its Vocabulary, built on first use
+
+
+def vocabulary_of(backend, vocab_size: int) -> Vocabulary:
+    """The :class:`Vocabulary` of a model backend (a :class:`~specdec.backends.base.Backend`: its
+    ``token_bytes``, ``tokenize``, ``eog_ids`` and ``control_token_texts``), built on first use and kept while
+    the backend lives; control tokens are special (never part of a grammar's text).
+
+    Args:
+        backend: The model's backend.
+        vocab_size: ``V``, its real vocabulary (padding rows excluded).
+    """
+    global _VOCABULARIES
+    import weakref
+
+    if _VOCABULARIES is None:
+        _VOCABULARIES = weakref.WeakKeyDictionary()
+    vocab = _VOCABULARIES.get(backend)
+    if vocab is None or vocab.vocab_size != vocab_size:
+        tokens = [backend.token_bytes(i) for i in range(vocab_size)]
+        control = {t.encode() for t in backend.control_token_texts()}
+        special = [i for i, b in enumerate(tokens) if b in control]  # never text inside a grammar
+        vocab = Vocabulary(tokens.__getitem__, vocab_size, frozenset(t for t in backend.eog_ids if t < vocab_size),
+                           lambda text: backend.tokenize(text.decode("utf-8", "replace")), special)
+        _VOCABULARIES[backend] = vocab
+    return vocab
+
+
 class Constraint:
     """One request's grammar state: the tokens committed so far, masks for the positions to be scored.
 
@@ -172,25 +200,36 @@ class Constraint:
 
     # -- masks -----------------------------------------------------------------------------------
     def mask(self) -> np.ndarray:
-        """``[V] bool``: the tokens allowed next (end-of-generation ids where the grammar can end)."""
+        """``[V] bool``: the tokens allowed next (end-of-generation ids where the grammar can end, and only
+        they once it has ended: a row after the end is never used, but must hold a token)."""
+        if self.matcher.is_stopped():
+            return self._end_only()
         bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint32)
         allowed = np.unpackbits(bits.view(np.uint8), bitorder="little")[: self.vocab.vocab_size].astype(bool)
         if self.matcher.is_accepting():  # llguidance allows its own eos there; every eog id ends the text
             allowed[list(self.vocab.eog_ids)] = True
         return allowed
 
-    def masks(self, drafts: Sequence[int]) -> np.ndarray:
-        """``[k+1, V] bool``: the masks of the positions a target call scores after ``drafts`` (all of which
-        the grammar must accept, :meth:`valid_prefix`): row ``i`` is the mask after the first ``i`` drafts.
-        The matcher is back where it was afterwards."""
-        rows = [self.mask()]
-        for i, t in enumerate(drafts):
-            if not self._consume(t):
-                self.rollback(i)
-                raise ValueError(f"draft token {t} at position {i} is outside the grammar")
-            rows.append(self.mask())
-        self.rollback(len(drafts))
+    def masks(self, drafts: Sequence[int], start: int = 0, n: int | None = None) -> np.ndarray:
+        """``[n, V] bool``: the masks of rows ``start .. start+n-1`` of a call that scores after ``drafts``
+        (row ``i``: after the first ``i`` drafts; default all ``len(drafts) + 1`` rows). The drafts must be
+        accepted by the grammar (:meth:`valid_prefix`) up to the last row asked; a row after a refused draft
+        (never reached: the refused draft has no mass) allows the end only. The matcher is back where it was
+        afterwards."""
+        n = len(drafts) + 1 - start if n is None else n
+        rows, consumed = [], 0
+        for i in range(start + n):
+            if i >= start:
+                rows.append(self.mask() if consumed == i else self._end_only())
+            if i < len(drafts) and i < start + n - 1 and consumed == i and self._consume(drafts[i]):
+                consumed += 1
+        self.rollback(consumed)
         return np.stack(rows)
+
+    def _end_only(self) -> np.ndarray:
+        allowed = np.zeros(self.vocab.vocab_size, dtype=bool)
+        allowed[list(self.vocab.eog_ids)] = True
+        return allowed
 
     def valid_prefix(self, tokens: Sequence[int]) -> int:
         """How many leading ``tokens`` the grammar accepts from here (end-of-generation included where it can

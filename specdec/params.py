@@ -17,6 +17,8 @@ import numbers
 import operator
 from dataclasses import dataclass, field
 
+from specdec.grammar import GrammarSpec
+
 GREEDY_TEMPERATURE = 1e-5
 """Temperatures below this are treated as 0 (greedy), as vLLM does (``_SAMPLING_EPS``)."""
 
@@ -134,6 +136,10 @@ class SamplingParams:
         top_logprobs: Also return this many most likely tokens per position (0..20; OpenAI's chat
             field); needs ``logprobs``.
         n: Independent samples per prompt, >= 1 (:meth:`for_sample`; ``Engine.generate_n``).
+        grammar: A structured-output constraint (:class:`specdec.grammar.GrammarSpec`: a JSON schema, a
+            regular expression, a Lark or GBNF grammar), or ``None``: every position's distribution is
+            restricted to the tokens the grammar allows there (and renormalized); speculation stays
+            lossless with respect to that constrained distribution.
 
     Every bound is in :data:`BOUNDS` (and the table in docs/sampling.md); values past them make the math meaningless
     or overflow, so they are refused rather than clamped. Numbers given as strings are refused.
@@ -161,8 +167,11 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     n: int = 1
+    grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
+        if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
+            raise ValueError(f"grammar must be a specdec.grammar.GrammarSpec, got {type(self.grammar).__name__}")
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         try:
             stop = tuple(stop)

@@ -21,14 +21,12 @@ amortized) at the price of slower decode steps while it lasts.
 
 Which prompts get the budget (:func:`share_budget`): shortest remaining prompt first, the oldest waiting
 prompt always taking up to half. Served oldest first, a short prompt that arrives behind a long one waits
-for the long one's whole prefill (in the serving bench, a 133-token prompt behind a 642-token one: 11.5 s
-to its first token at four clients), and the running requests' tokens that could have ridden along its
+for the long one's whole prefill, and the running requests' tokens that could have ridden along its
 prefill are decoded later in smaller calls. Shortest-first gets short prompts to their first token (and
 into the shared decode calls) within a few calls; the oldest prompt's half keeps a stream of short prompts
-from starving a long one. Measured (the serving bench's eight `single` prompts, closed loop, plain
-decoding, this change against oldest-first alternated in one process, two rounds): the mean time to first
-token 3.7 / 3.5 s against 5.7 / 4.7 at four clients, 6.5 / 6.8 against 12.0 / 13.3 at eight, the same
-total throughput. vLLM's chunked-prefill scheduler does the same thing in its own way: it limits
+from starving a long one. Against oldest-first it shortened the time to first token at four and eight
+clients for the same total throughput (measured: ``docs/bench/README.md``, section "Prefill order, on the
+AMD EPYC machine"). vLLM's chunked-prefill scheduler does the same thing in its own way: it limits
 how many long prompts may prefill at once (``--max-long-partial-prefills``, prompts above
 ``--long-prefill-token-threshold``), so that shorter requests may jump the queue in front of them.
 
@@ -53,9 +51,9 @@ PREFILL_MAX = 2048
 
 PREFILL_IDLE = 512
 """Fewest prompt tokens per call that the automatic budget allows when no sequence decodes in the call
-(nobody waits for it): larger calls amortize the per-call overhead. Measured on the default target
-(ik_llama.cpp, 2 cores, a 1,024-token prompt): 85 tokens/s in 32-token calls, 89-92 in 512-token calls;
-llama.cpp's default micro-batch (``n_ubatch``) is 512."""
+(nobody waits for it): larger calls amortize the per-call overhead (measured: ``docs/bench/README.md``,
+section "On an AMX machine", "What changed in the code for this run"); llama.cpp's default micro-batch
+(``n_ubatch``) is 512."""
 
 PREFILL_STALL = 4.0
 """A call carrying a prompt chunk may take this many times the decode step without it."""

@@ -18,6 +18,7 @@ from specdec.output import Output, StreamChunk
 from specdec.params import PLAIN_METHOD, SamplingParams, SpecConfig
 from specdec.policy.methods import PROPOSERS
 from specdec.proposers.base import Proposer, ProposerContext, ProposerEntry
+from specdec.grammar import vocabulary_of
 from specdec.sampling import SamplingState
 from specdec.sequence import SequenceState
 from specdec.types import ModelInfo
@@ -116,7 +117,8 @@ def new_request(model: ModelInfo, target: Backend, prompt_ids: Sequence[int], pa
     if params.n != 1:
         raise ValueError(f"a request is one sample but n={params.n}; use Engine.generate_n or "
                          "params.for_sample(i) for each sample")
-    sampling = SamplingState(params, prompt_ids, model.vocab_size, model.eog_ids)  # validates logit_bias
+    vocabulary = vocabulary_of(target, model.vocab_size) if params.grammar is not None else None
+    sampling = SamplingState(params, prompt_ids, model.vocab_size, model.eog_ids, vocabulary)  # validates them
     verifier = select_verifier(params, spec)
     plan = plan_speculation(spec, proposers.draft is not None, proposer)
     if proposer is not None and not plan.k:  # a given proposer with k = 0: plain decoding; the request owned it

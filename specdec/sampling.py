@@ -160,19 +160,23 @@ class SamplingState:
     - ``min_tokens``: end-of-generation ids get ``-inf`` while fewer than ``min_tokens`` tokens are
       generated, counted at each row's own position.
     - ``logit_bias``: added to the raw logits (before penalties, vLLM's order).
+    - ``grammar``: tokens the request's grammar refuses at a row's position (after the committed tokens
+      and the pending drafts before it) get ``-inf`` (:class:`~specdec.grammar.Constraint`), last.
 
     Args:
         params: The request's sampling parameters.
         prompt_ids: ``[L] int`` prompt token ids.
         vocab_size: ``V``, columns of the logits this state processes.
         eog_ids: End-of-generation token ids (masked by ``min_tokens``).
+        vocabulary: The model's :class:`~specdec.grammar.Vocabulary`, needed with ``params.grammar``.
 
     Raises:
-        ValueError: when a ``logit_bias`` token id is outside ``0..V-1``.
+        ValueError: when a ``logit_bias`` token id is outside ``0..V-1``, or ``params.grammar`` is given
+            without a vocabulary.
     """
 
     def __init__(self, params: SamplingParams, prompt_ids: Sequence[int], vocab_size: int,
-                 eog_ids: Iterable[int] = ()):
+                 eog_ids: Iterable[int] = (), vocabulary=None):
         self.params = params
         self.prompt_len = len(prompt_ids)
         self.vocab_size = vocab_size
@@ -191,13 +195,20 @@ class SamplingState:
         self.counts = np.zeros(vocab_size, dtype=np.int64)  # [V] generated-token counts
         self._seen: set[int] = {int(t) for t in prompt_ids if 0 <= t < vocab_size} if self._rep != 1 else set()
         self._seen_ids: np.ndarray | None = None  # sorted array view of _seen, rebuilt lazily
-        self.active = bool(len(self._bias) or self._uses_history or params.min_tokens)
+        self.constraint = None
+        if params.grammar is not None:
+            if vocabulary is None:
+                raise ValueError("a grammar needs the model's vocabulary (specdec.grammar.Vocabulary)")
+            self.constraint = vocabulary.constraint(params.grammar)
+        self.active = bool(len(self._bias) or self._uses_history or params.min_tokens or self.constraint)
         """False when processing leaves logits unchanged (plain temperature/top-k/top-p/min-p)."""
 
     def extend(self, tokens: Iterable[int]) -> None:
         """Record committed generated tokens (end-of-generation tokens excluded)."""
         for t in tokens:
             t = int(t)
+            if self.constraint is not None:
+                self.constraint.commit([t])
             self.n_generated += 1
             if self._uses_counts:
                 self.counts[t] += 1
@@ -252,6 +263,8 @@ class SamplingState:
         for j in range(n):
             if self.n_generated + start + j < self.params.min_tokens and len(self._eog):
                 x[j, self._eog] = -np.inf
+        if self.constraint is not None:
+            x[~self.constraint.masks(pending, start, n)] = -np.inf
         return x
 
     def probs(self, raw: np.ndarray, pending: Sequence[int] = ()) -> np.ndarray:

@@ -14,6 +14,7 @@ and verifiers; it knows nothing about text, HTTP, or other sequences.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Protocol, Sequence
@@ -189,7 +190,27 @@ class SequenceState:
         if not k:
             return EMPTY_PROPOSAL
         draws = RandomDraws(self.rng) if self.noise is None else NoiseDraws(self.noise, self.n_generated)
-        return self.proposer.propose(self.context, k, self.params, draws, load=load)
+        proposal = self.proposer.propose(self.context, k, self.params, draws, load=load)
+        return proposal if self.sampling.constraint is None else self._within_grammar(proposal, k)
+
+    def _within_grammar(self, proposal: Proposal, k: int) -> Proposal:
+        """The proposal cut where the request's grammar refuses a draft (such a draft could never be accepted:
+        the target's row gives it no mass), and, when nothing is left, the tokens the grammar forces
+        (:meth:`~specdec.grammar.Constraint.forced`) as a point-mass proposal of kind ``"forced"``: certain
+        drafts that cost no drafting."""
+        c = self.sampling.constraint
+        n = c.valid_prefix(proposal.tokens)
+        alts = tuple(Draft(a.tokens[:m], None if a.probs is None else a.probs[:m])
+                     for a in proposal.alternatives if (m := c.valid_prefix(a.tokens)))
+        if n < len(proposal.tokens) or len(alts) < len(proposal.alternatives) or any(
+                len(a.tokens) < len(b.tokens) for a, b in zip(alts, proposal.alternatives)):
+            proposal = dataclasses.replace(
+                proposal, tokens=list(proposal.tokens[:n]), alternatives=alts if n else (),
+                probs=None if proposal.probs is None else proposal.probs[:n], confidence=proposal.confidence[:n])
+        if proposal.tokens:
+            return proposal
+        forced = c.forced(k)
+        return Proposal(tokens=forced, kind="forced", expected=float(len(forced))) if forced else EMPTY_PROPOSAL
 
     # -- 2. score ----------------------------------------------------------------------------------
     def plan(self, proposal: Proposal) -> ScorePlan:
@@ -273,8 +294,8 @@ class SequenceState:
             self._t_first = time.perf_counter()
             self.stats.cached_prompt_tokens = self.target.reused
         outcome = Outcome(plan.proposal, j, len(drafts), result.num_accepted, len(self.context))
-        if self.proposer is not None and not plan.proposal.empty:
-            self.proposer.observe(outcome)
+        if self.proposer is not None and not plan.proposal.empty and plan.proposal.kind != "forced":
+            self.proposer.observe(outcome)  # forced drafts are the grammar's, not the proposer's
         if self.finished:
             self._close_stats()
         return outcome

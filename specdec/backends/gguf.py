@@ -223,8 +223,9 @@ class GGUFBackend(SequenceBook):
         left out, so models that differ only in padding match). The digest covers each real
         token's id and stored text (control tokens included) and the eos and bos ids, so it is the
         same for one GGUF file whichever llama.cpp-family library reads it; ``vocab_size`` is one past
-        the highest real id (see :meth:`specdec.backends.base.Backend.vocab_fingerprint`). About 0.1 s
-        for a 152k-token vocabulary.
+        the highest real id (see :meth:`specdec.backends.base.Backend.vocab_fingerprint`). A one-off cost
+        when an engine is built (measured: ``docs/bench/README.md``, "Smaller costs behind choices in the
+        code").
         """
         self._check_open()
         h, end = hashlib.sha256(), 0

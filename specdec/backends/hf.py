@@ -55,8 +55,8 @@ class HFBackend(SequenceBook):
             ``[PAD...]`` tokens); ids past the tokenizer's length are always left out.
         n_threads: torch CPU threads (process-wide: ``torch.set_num_threads``); ``None`` leaves torch's.
         prepack: Swap the model's float32 CPU ``nn.Linear`` layers, in place, for oneDNN-prepacked ones
-            (:mod:`specdec.backends.hf_cpu`): ~1.6x faster decoding on CPU, and scoring k+1 tokens costs
-            far less over one token. The model can then no longer be saved or trained.
+            (:mod:`specdec.backends.hf_cpu`): faster decoding on CPU, and scoring k+1 tokens costs far less
+            over one token (``docs/bench/hf/README.md``). The model can then no longer be saved or trained.
 
     Raises:
         ValueError: on an out-of-range size.

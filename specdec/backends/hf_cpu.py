@@ -2,12 +2,11 @@
 
 Why it matters for speculation: the cost of scoring ``k+1`` tokens against one decides whether a draft
 pays (see :mod:`specdec.policy.cost`). With PyTorch's default CPU path (MKL ``sgemm``/``sgemv`` on dense
-weights), a forward pass of a few rows is far from memory-bound: measured on the 2-core CI machine
-(torch 2.13, Qwen2.5-Coder-1.5B float32), 1 row takes 0.38 s, 2 rows 0.85 s, 3 rows 1.23 s, 5 rows 0.82 s
-and 17 rows 1.17 s. With every ``nn.Linear`` swapped for a oneDNN inner product on weights converted
-once to oneDNN's layout (what ``torch.utils.mkldnn.to_mkldnn`` does, and Intel Extension for PyTorch's
-weight prepacking), the same passes take 0.24, 0.28, 0.30, 0.34 and 0.51 s: plain decoding gets ~1.6x
-faster and a 5-token verification costs 1.4x one token instead of 2.2x.
+weights), a forward pass of a few rows is far from memory-bound: a few rows cost far more than one. With
+every ``nn.Linear`` swapped for a oneDNN inner product on weights converted once to oneDNN's layout (what
+``torch.utils.mkldnn.to_mkldnn`` does, and Intel Extension for PyTorch's weight prepacking), plain decoding
+gets faster and scoring a few rows costs little more than one (measured: ``docs/bench/hf/README.md``, "Why
+specdec prepacks the linear layers").
 
 ``torch.utils.mkldnn.MkldnnLinear`` does the same but is a TorchScript module (``torch.jit`` is deprecated:
 torch 2.13 warns once per layer), hence the few lines here. Outputs agree with ``nn.Linear`` to float32

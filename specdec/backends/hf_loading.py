@@ -1,9 +1,10 @@
 """Where a Hugging Face backend's weights come from: a local folder, a hub name, or a GGUF file.
 
 A GGUF file (a path, or a known model name such as the default pair) is loaded through transformers'
-GGUF loader, which dequantizes every tensor; that takes ~90 s for the 1.5B default target on 2 cores.
-The dequantized float32 weights, config, generation config and tokenizer are therefore written once to
-``cache_dir()/hf/<stem>-<sha256[:16]>/`` (safetensors) and later loads read that folder, in any dtype.
+GGUF loader, which dequantizes every tensor, a slow step on a CPU (measured: ``docs/bench/hf/README.md``,
+"Loading a GGUF file"). The dequantized float32 weights, config, generation config and tokenizer are
+therefore written once to ``cache_dir()/hf/<stem>-<sha256[:16]>/`` (safetensors) and later loads read that
+folder, in any dtype.
 The folder only ever appears whole: it is written beside the final name and renamed into place.
 
 This module knows files, torch dtypes/devices and transformers' loaders; it knows nothing about

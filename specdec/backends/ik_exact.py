@@ -19,9 +19,9 @@ wheel, ``docs/bench/invariance/``):
 
 The price: sequences are no longer batched into one forward pass (a server's clients take turns; on a
 2-core CPU batching several sequences bought little, ``docs/bench/serving-*``), a one-token decode costs a
-two-token call, and copying a prefix copies its KV cells (~0.1 ms a token of the 1.5B target). What it
-buys: the same token ids for the same request whatever the method, ``k``, the other requests, the prefix
-cache, the prefill chunk size or the thread count (``tests/test_same_output.py``).
+two-token call, and copying a prefix copies its KV cells (``docs/bench/invariance/README.md``, "What it
+costs"). What it buys: the same token ids for the same request whatever the method, ``k``, the other
+requests, the prefix cache, the prefill chunk size or the thread count (``tests/test_same_output.py``).
 
 This module knows nothing about sampling or speculation; it is not thread-safe.
 """
@@ -92,10 +92,11 @@ class IkExactBackend(IkLlamaCppBackend):
 
     def _open_contexts(self, n_cells: int | None, side_prefill: bool) -> None:
         # Contexts of n_ctx + 1 cells each (+ 1: the padding token of a full sequence), as many as n_cells allows
-        # (default: one per sequence id). The first is created now: creating one costs ~0.25 s at 4096 cells
-        # (its KV cache and its attention buffers for a full-length prompt chunk), which would otherwise land
-        # in the first request's time to first token; the others when a sequence first needs one (ik allows
-        # few contexts per process: MAX_CONTEXTS). A freed sequence gives its context back to the pool.
+        # (default: one per sequence id). The first is created now: creating one takes a noticeable time (its KV
+        # cache and its attention buffers for a full-length prompt chunk; docs/bench/invariance/README.md, "What
+        # it costs"), which would otherwise land in the first request's time to first token; the others when a
+        # sequence first needs one (ik allows few contexts per process: MAX_CONTEXTS). A freed sequence gives its
+        # context back to the pool.
         self._ctx = None
         self._holes = False
         self.side_prefill = False

@@ -44,16 +44,17 @@ IK_VERSION = "0.1.5"
 
 SIDE_MIN_TOKENS = 32
 """Fewest tokens of a prompt chunk that go to the side context (:class:`IkLlamaCppBackend`): below it the
-other sequences' cells cost a chunk little (16 tokens beside 700 cells: 1.09x), while moving the sequence
-back costs the same whatever the chunk."""
+other sequences' cells cost a chunk little, while moving the sequence back costs the same whatever the
+chunk (measured: ``docs/bench/README.md``, section "Prompts beside other sequences' cells")."""
 
 SIDE_MOVE_MAX = 2048
-"""Most cells a sequence in the middle of its prompt takes along into the side context (~160 ms of state copy
-for the 1.5B target, against ~10 ms a token of prompt it then evaluates without the other sequences' cells)."""
+"""Most cells a sequence in the middle of its prompt takes along into the side context: the state copy grows
+with the cells moved and must stay small beside the prompt it then evaluates without the other sequences'
+cells (measured: ``docs/bench/README.md``, section "Prompts beside other sequences' cells")."""
 
 SIDE_MIN_OTHERS = 256
 """Fewest KV cells held by other sequences for a chunk to go to the side context (below it the span costs a
-chunk under ~10%)."""
+chunk little; ``docs/bench/README.md``, section "Prompts beside other sequences' cells")."""
 
 MAX_CONTEXTS = 60
 """Most entries of ik_llama.cpp's table of ggml contexts that specdec fills in one process, all backends
@@ -236,16 +237,15 @@ class IkLlamaCppBackend(GGUFBackend):
     a prefix copy only tags cells, and a batch of several sequences decodes in one micro-batch
     attending over all cells in use (as llama.cpp's ``kv_unified``).
 
-    That attention over every cell in use, masked or not, makes a prompt cost more the more other
-    sequences hold: a 64-token chunk costs 1.19x, 1.41x, 1.53x, 1.75x of the same chunk alone beside 700,
-    1,400, 2,800, 3,500 other sequences' cells (1.5B target, 2 threads, AVX-512 EPYC; paired medians,
-    ``docs/bench/serving-epyc-4``). So a long prompt chunk is evaluated in a **side context**: a second
+    That attention over every cell in use, masked or not, makes a prompt cost more the more cells other
+    sequences hold (measured: ``docs/bench/README.md``, section "Prompts beside other sequences' cells",
+    and ``docs/bench/serving-epyc-4``). So a long prompt chunk is evaluated in a **side context**: a second
     llama_context on the same weights, of ``n_ctx`` cells, holding one sequence at a time, where the chunk
     attends over its own sequence only (disaggregated prefill within one process). The sequence moves
     there with its cells when a chunk of at least :data:`SIDE_MIN_TOKENS` tokens (no more than one logit
     row; at least as many tokens as it holds, or more of the prompt to follow and at most :data:`SIDE_MOVE_MAX`
     cells held) meets :data:`SIDE_MIN_OTHERS` cells of other sequences,
-    and moves back (``llama_state_seq_get_data`` / ``_set_data``: ~0.08 ms a token of the 1.5B target)
+    and moves back (``llama_state_seq_get_data`` / ``_set_data``, a state copy far cheaper than evaluating)
     before any other use: a decode, a verification, a copy of its prefix. The side call and the call of
     the rest of the batch run one after the other, inside one :meth:`eval`. The KV a sequence computes is
     the same in either context, so outputs do not change (up to the batched kernels' rounding, as with
@@ -465,7 +465,7 @@ class IkLlamaCppBackend(GGUFBackend):
             if len(tokens) < SIDE_MIN_TOKENS or n_logits > 1:
                 continue
             # It moves with its cells: worth it when the chunk is at least as long, or when more of the prompt
-            # follows (a partial chunk asks no logits) and its cells are few (moving costs ~1/100 of evaluating)
+            # follows (a partial chunk asks no logits) and its cells are few (moving costs far less than evaluating)
             if (self._lengths[s] <= len(tokens) or (n_logits == 0 and self._lengths[s] <= SIDE_MOVE_MAX)) \
                     and (best is None or len(tokens) > len(batch[best][0])):
                 best = s

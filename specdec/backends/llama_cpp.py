@@ -126,12 +126,12 @@ class LlamaCppBackend(GGUFBackend):
 
         # llama.cpp's n_ctx is the whole KV cache: ask for n_ctx * n_seq_max cells. kv_unified=False
         # gives each sequence its own stream of n_ctx cells, but then splits a batch whose sequences
-        # bring different token counts into one micro-batch per count (split_equal; 1.5B Q4_K_M
-        # target, 4 sequences with 5,4,3,2 new tokens: 355 ms vs 287 ms unified). kv_unified=True
+        # bring different token counts into one micro-batch per count (split_equal: a batch of speculative
+        # steps with 5,4,3,2 new tokens costs clearly more than unified). kv_unified=True
         # lets every sequence use any cell (llama_n_ctx_seq = the whole cache; this class enforces
         # n_ctx per sequence) and decodes a batch in one micro-batch, attending over all cells in use.
-        # With one sequence there is nothing to split, and unified costs ~5% more CPU per decoded token
-        # (1.5B target, 1 thread, one sequence: 51.4 vs 48.6 ms, interleaved runs), so it is off then.
+        # With one sequence there is nothing to split, and unified costs a few percent more CPU per decoded
+        # token, so it is off then (measured: docs/bench/README.md, section "KV-cache layout").
         cparams = lc.llama_context_default_params()
         self.kv_unified = n_seq_max > 1 if kv_unified is None else kv_unified
         cparams.n_ctx = max(n_cells or 0, n_ctx) if self.kv_unified and n_cells else n_ctx * n_seq_max

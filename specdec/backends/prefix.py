@@ -26,8 +26,8 @@ sent a prompt (vLLM's ``cache_salt``). A new sequence whose prompt another is st
 prefilling (requests sharing a new system prompt that arrive together) waits until that part is evaluated
 and copies it then (:meth:`PrefixCache.filling`), instead of evaluating it a second time. Saving matters
 on llama.cpp's unified KV cache: every call attends over all cells in use, masked or not, so cells parked
-in it slow every decode step of every request (ik_llama.cpp: 1.34x with 6,144 parked cells,
-``docs/bench/kv_layout``).
+in it slow every decode step of every request (measured: ``docs/bench/README.md``, section "KV-cache
+layout").
 
 A copy shares cells where the library can (llama.cpp's unified KV cache tags the same cells with the new
 sequence: nothing moves) and copies tensors where it must (transformers' ``DynamicCache``, a saved state).

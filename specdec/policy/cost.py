@@ -8,8 +8,9 @@ One speculative step drafts ``k`` tokens and scores ``k+1`` in one target call. 
 which for a constant ``alpha`` is ``(1 - alpha^(k+1)) / (1 - alpha)``, Leviathan et al. 2023 (arXiv
 2211.17192), eq. 1. Their Theorem 3.8 gives the wall-time improvement ``E(k) / (k c + 1)`` with ``c``
 the draft/target cost ratio, assuming the target scores ``k+1`` tokens as fast as one. That assumption
-holds on a GPU and fails on a compute-bound CPU, where scoring 4 tokens costs ~2.6x one token. So we
-measure instead of assuming:
+holds on a GPU and fails on a compute-bound CPU, where scoring 4 tokens costs several times one token
+(``S(n)`` tables: ``docs/bench/README.md``, "ik_llama.cpp against llama.cpp and llama-server" and "What the
+numbers say"). So we measure instead of assuming:
 
     rate(k) = E(k) / (D(k) + S(k+1)),    plain decoding: rate(0) = 1 / S(1)                  (2)
 
@@ -42,15 +43,15 @@ which is (2) for a lone request (``B = Y = 0``). Prompt chunks riding in the cal
 and ``Y`` (a prompt's last chunk counts as one plain decode token): they are work the server does whatever
 the proposals, and a draft pass delays them as much as it delays the decodes, so the time it costs is worth
 what the decodes commit per second. Counting a 32-token chunk in ``B`` (and its zero commits in ``Y``) made a
-call look slow and cheap to extend: measured at 4 clients on the default pair, ``auto`` then drafted in
-nearly every call that carried a chunk, each draft pass (~35 ms a token) delaying four requests to gain one
-of them ~1.2 tokens, and served 0.71-0.95x plain. On a flat, GPU-like curve ``S(B + k + 1) ~ S(B + 1)`` and
-cheap drafts pay at any batch size (a draft model's ``D(k)`` delays the whole call, so it is weighed
-against what the whole call commits); on a compute-bound curve ``S(n) ~ a + b n`` the drafts' marginal cost
-``b k`` stays while the plain call's rate ``(1 + Y) / (a + b (B + 1))`` grows with the batch (the fixed
-cost ``a`` is shared), so beyond some batch no k pays and speculation switches itself off: the rule vLLM
-hard-codes as a batch-size threshold (``speculative_disable_by_batch_size``), here derived from the
-measured curve.
+call look slow and cheap to extend: ``auto`` then drafted in nearly every call that carried a chunk, each
+draft pass delaying every request in the call to gain one of them about a token, and served less than plain
+decoding (measured: ``docs/bench/README.md``, section "Serving", "Prompt chunks in the load"). On a flat,
+GPU-like curve ``S(B + k + 1) ~ S(B + 1)`` and cheap drafts pay at any batch size (a draft model's ``D(k)``
+delays the whole call, so it is weighed against what the whole call commits); on a compute-bound curve
+``S(n) ~ a + b n`` the drafts' marginal cost ``b k`` stays while the plain call's rate
+``(1 + Y) / (a + b (B + 1))`` grows with the batch (the fixed cost ``a`` is shared), so beyond some batch no
+k pays and speculation switches itself off: the rule vLLM hard-codes as a batch-size threshold
+(``speculative_disable_by_batch_size``), here derived from the measured curve.
 
 Two corrections apply in a shared call only (a lone request's choice is eq. (2) as it stands). (a) The
 table prices a call by its total tokens, but its sizes ``B + k + 1`` are learned mostly from plain calls of
@@ -163,8 +164,9 @@ class CostModel:
         """One target call that scored ``n`` tokens (and verified them) in ``seconds``. The priced curve
         (:meth:`curve`) is recomputed when a size is new (fewer than 4 samples) or its mean has moved more
         than :data:`CURVE_TOLERANCE` since the curve last saw it: a plain step measures ``S(1)`` every step,
-        and recomputing the curve for each ~0.1% move of an average was a tenth of ``auto``'s own time on
-        a plain step (:mod:`specdec.bench.overhead`)."""
+        and recomputing the curve for each tiny move of an average was a sizeable share of ``auto``'s own
+        time on a plain step (measured with :mod:`specdec.bench.overhead`: ``docs/bench/README.md``, section
+        "What ``auto`` costs when it does not speculate")."""
         table = self.target[greedy]
         if not table.observe(n, seconds):
             return
@@ -258,8 +260,9 @@ class CostModel:
         """Largest call size ``n`` a choice may use: twice the largest size measured so far (at least 2).
 
         Exploration grows the block by doubling, so a size whose cost is only guessed (optimistically,
-        see the module docstring) is never far beyond what is known: on a CPU where ``S(17)`` is 12x
-        ``S(1)``, one optimistic guess must not cost a dozen plain steps.
+        see the module docstring) is never far beyond what is known: on a compute-bound CPU, where ``S(17)``
+        is many times ``S(1)`` (``docs/bench/README.md``, "What the numbers say"), one optimistic guess must
+        not cost that many plain steps.
         """
         if self._limits_version != self._version:
             self._limits, self._limits_version = {}, self._version
@@ -309,7 +312,8 @@ class CostModel:
         full = self._curves.get(key)
         if full is None or (len(full) <= n_max and len(full) <= table.n_max):
             # sizes up to a power of two >= n_max (64 at least): a step prices a few dozen sizes, a
-            # prefill budget a few thousand; computing all CALL_N_MAX every step cost ~0.1 ms
+            # prefill budget a few thousand; computing all CALL_N_MAX every step was a visible part of a plain
+            # step's overhead (docs/bench/README.md, "What `auto` costs when it does not speculate")
             upto = max(64, 1 << max(0, n_max).bit_length())
             self._curves[key] = full = table.curve(optimistic, upto)
         if n_max < len(full):

@@ -23,9 +23,9 @@ class ProbeSchedule:
     In a call shared by ``n`` sequences a plain step counts ``1 / n`` (:meth:`should_probe`'s ``share``), so
     a batch probes as often as one request alone: each probe may cost the whole batch up to
     :data:`PROBE_COST` - 1 tokens, and what it learns goes to the engine's pooled estimate, which every
-    request in the batch reads. Counted whole, a batch of eight probed eight times as often as one request
-    (measured in-process, 8 clients of 64-token single-turn chats: 5-9 probes a pass, 1-2 counted by share;
-    throughput unchanged within noise, as few probes fit a loaded call's budget at all)."""
+    request in the batch reads. Counted whole, a batch of eight probed eight times as often as one request,
+    with throughput unchanged, as few probes fit a loaded call's budget at all (measured:
+    ``docs/bench/README.md``, section "On an AMX machine", after the run)."""
 
     interval: int = 8
     min_interval: int = 8

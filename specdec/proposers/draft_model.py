@@ -20,8 +20,9 @@ again. The drafts are therefore the tokens plain drafting would have drawn (poin
 by drawing from q: a guess ``g`` survives with probability ``q(g)``, what speculative sampling's
 ``min(1, q(g)/1)`` gives), and the target-level verification is unchanged: the cascade only makes
 drafting cheaper when the text repeats, never changes what is proposed (up to batched-kernel near-ties in
-the draft's logits). On a CPU a call of 4 tokens costs the 0.5B draft ~1.8x one (not 4x), so each guessed
-token the draft confirms saves most of a draft call; a wrong guess costs the extra positions of one call.
+the draft's logits). A call of a few tokens costs a draft model far less than that many calls of one, even
+on a CPU (measured: ``docs/bench/README.md``, section "Cascade"), so each guessed token the draft confirms
+saves most of a draft call; a wrong guess costs the extra positions of one call.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from specdec.backends.cache import SequenceCache
 from specdec.params import SamplingParams, SpecConfig
 from specdec.proposers.base import EMPTY_PROPOSAL, DraftCost, Draws, Outcome, Proposal, ProposerContext, register
 from specdec.proposers.ngram import NgramIndex
+from specdec.grammar import vocabulary_of
 from specdec.sampling import SamplingState
 from specdec.types import ALONE, Load
 
@@ -83,7 +85,8 @@ class DraftModelProposer:
         if self._state is None or self._state.params != params:
             prompt = self._prompt if list(context[: len(self._prompt)]) == self._prompt else list(context)
             eog = [i for i in self.cache.backend.eog_ids if i < self.vocab_size]  # padding rows are sliced off
-            self._state = SamplingState(params, prompt, self.vocab_size, eog)
+            vocabulary = vocabulary_of(self.cache.backend, self.vocab_size) if params.grammar is not None else None
+            self._state = SamplingState(params, prompt, self.vocab_size, eog, vocabulary)
         self._state.sync(context)
         return self._state
 

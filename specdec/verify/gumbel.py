@@ -42,10 +42,10 @@ class PositionNoise:
     own float32 resolution (24 bits); the exponential tail is cut at ``log 2**23 = 15.9``, which moves a
     token's probability of being chosen by less than ``1e-6``.
 
-    Cost: about 0.4 ms a position for ``V = 151,936`` on this 2-core machine (numpy's float32
-    ``standard_exponential`` took 0.8 ms, float64 1.1 ms); a position is drawn once and kept until
-    :meth:`forget_before` passes it, so a position scored again in a later step (drafts past a
-    rejection) reuses its draw.
+    Cost: less than numpy's own float32 ``standard_exponential`` for a position of ``V = 151,936``
+    (measured: ``docs/bench/README.md``, "Smaller costs behind choices in the code"); a position is drawn
+    once and kept until :meth:`forget_before` passes it, so a position scored again in a later step (drafts
+    past a rejection) reuses its draw.
     """
 
     def __init__(self, key: int | None, vocab_size: int):
