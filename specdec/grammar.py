@@ -217,12 +217,14 @@ class Constraint:
         (never reached: the refused draft has no mass) allows the end only. The matcher is back where it was
         afterwards."""
         n = len(drafts) + 1 - start if n is None else n
-        rows, consumed = [], 0
+        rows, valid, consumed = [], 0, 0  # drafts accepted, tokens the matcher consumed (to roll back)
         for i in range(start + n):
             if i >= start:
-                rows.append(self.mask() if consumed == i else self._end_only())
-            if i < len(drafts) and i < start + n - 1 and consumed == i and self._consume(drafts[i]):
-                consumed += 1
+                rows.append(self.mask() if valid == i else self._end_only())
+            if i < len(drafts) and i < start + n - 1 and valid == i:
+                took = self._consume(drafts[i])
+                if took is not None:
+                    valid, consumed = valid + 1, consumed + took
         self.rollback(consumed)
         return np.stack(rows)
 
@@ -248,9 +250,9 @@ class Constraint:
         Raises:
             ValueError: for a token the grammar refuses (a bug: committed tokens were sampled masked).
         """
-        for i, t in enumerate(tokens):
-            if not self._consume(t):
-                raise ValueError(f"committed token {t} is outside the grammar ({self.matcher.get_error()})")
+        for t in tokens:
+            if self._consume(t) is None:
+                raise ValueError(f"committed token {t} is outside the grammar")
 
     def rollback(self, n: int) -> None:
         """Undo the last ``n`` tokens consumed."""
@@ -267,9 +269,13 @@ class Constraint:
         eos = self.vocab.tokenizer.eos_token
         return [eos if t in self.vocab.eog_ids else int(t) for t in tokens]
 
-    def _consume(self, token: int) -> bool:
-        """Consume one token if the grammar accepts it (the matcher never enters its error state; an
-        end-of-generation token where the grammar can end finishes it)."""
+    def _consume(self, token: int) -> int | None:
+        """Consume one token if the grammar accepts it: the tokens the matcher took (0 or 1: an end of
+        generation after the grammar has ended by itself is accepted without one), or ``None`` when refused.
+        The matcher never enters its error state (llguidance's would last)."""
+        m = self.matcher
         if token in self.vocab.eog_ids:
-            return self.matcher.is_accepting() and self.matcher.consume_token(self.vocab.tokenizer.eos_token)
-        return self.matcher.try_consume_tokens([int(token)]) == 1
+            if m.is_stopped():
+                return 0
+            return 1 if m.is_accepting() and m.consume_token(self.vocab.tokenizer.eos_token) else None
+        return 1 if m.try_consume_tokens([int(token)]) == 1 else None
