@@ -30,6 +30,11 @@ KINDS = ("json_schema", "json_object", "regex", "lark")
 JSON_OBJECT_SCHEMA = {"type": "object"}
 """``response_format: {"type": "json_object"}``: any JSON object."""
 
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+"""How JSON is laid out: on one line, ``{"a": 1, "b": [2, 3]}``. Whitespace the grammar does not leave to the
+model is forced, so separators become free drafts; a model left to choose its whitespace can spend its
+tokens on it (a small model may never close the object)."""
+
 
 @dataclass(frozen=True)
 class GrammarSpec:
@@ -82,9 +87,9 @@ class GrammarSpec:
         from llguidance import LLMatcher
 
         if self.kind == "json_object":
-            return LLMatcher.grammar_from_json_schema(json.dumps(JSON_OBJECT_SCHEMA))
+            return LLMatcher.grammar_from_json_schema(json.dumps(JSON_OBJECT_SCHEMA), defaults=JSON_LAYOUT)
         if self.kind == "json_schema":
-            return LLMatcher.grammar_from_json_schema(self.source)
+            return LLMatcher.grammar_from_json_schema(self.source, defaults=JSON_LAYOUT)
         if self.kind == "regex":
             return LLMatcher.grammar_from_regex(self.source)
         return LLMatcher.grammar_from_lark(self.source)

@@ -173,7 +173,9 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
             raise APIError(404, f"the model '{req.model}' does not exist; this server serves "
                            f"'{config.model_name}'", param="model", code="model_not_found")
         serving.refuse_unsupported(req)
-        return {**serving.sampling_kwargs(req), **serving.logprob_kwargs(req)}, serving.spec_for(engine, req)
+        grammar = serving.grammar_of(req)
+        return ({**serving.sampling_kwargs(req), **serving.logprob_kwargs(req), "grammar": grammar},
+                serving.spec_for(engine, req))
 
     async def start(req, raw: Request, prompts: list[list[int]], kwargs: dict, spec, default_max: int | None):
         if len(prompts) * req.n > limits.max_choices:

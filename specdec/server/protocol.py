@@ -66,6 +66,14 @@ class _GenerationRequest(_Lenient):
         "salt and API key, so that clients who do not share a salt cannot learn each other's prompts from "
         "cached_tokens or timing."))
     speculative: SpeculativeOptions | None = None
+    response_format: dict[str, Any] | None = Field(None, description=(
+        "OpenAI's: {\"type\": \"text\"}, {\"type\": \"json_object\"} or {\"type\": \"json_schema\", "
+        "\"json_schema\": {\"name\": ..., \"schema\": {...}, \"strict\": true}}: the output is constrained to it "
+        "(speculation stays lossless with respect to the constrained distribution)."))
+    guided_json: dict[str, Any] | str | None = Field(None, description="Extension (vLLM's): a JSON schema the output matches.")
+    guided_regex: str | None = Field(None, description="Extension (vLLM's): a regular expression the output matches.")
+    guided_grammar: str | None = Field(None, description="Extension (vLLM's): a grammar the output matches, in "
+                                       "llama.cpp's GBNF or Lark (llguidance's dialect).")
 
 
 class TextPart(_Lenient):
@@ -102,7 +110,6 @@ class ChatCompletionRequest(_GenerationRequest):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
 
 
 # -- responses -------------------------------------------------------------------------------------

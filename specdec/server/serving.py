@@ -36,6 +36,7 @@ SERVER_FIELDS = frozenset({
     "model", "prompt", "messages", "n", "stream", "stream_options", "user", "speculative", "echo", "suffix",
     "best_of", "logprobs", "top_logprobs", "tools", "tool_choice", "response_format", "max_tokens",
     "max_completion_tokens", "stop", "seed", "parallel_tool_calls", "metadata", "store", "service_tier", "cache_salt",
+    "guided_json", "guided_regex", "guided_grammar",
 })
 """Request fields the server handles itself (or refuses) instead of passing them to SamplingParams."""
 
@@ -99,11 +100,61 @@ def refuse_unsupported(req: CompletionRequest | ChatCompletionRequest) -> None:
         best_of = req.best_of not in (None, 1, req.n) and req.best_of
         bad = [("echo", req.echo), ("suffix", req.suffix), ("best_of", best_of)]
     else:
-        fmt = (req.response_format or {}).get("type", "text")
-        bad = [("tools", req.tools), ("response_format", fmt != "text")]
+        bad = [("tools", req.tools)]
     for name, value in bad:
         if value:
             raise APIError(400, f"{name} is not supported by this server yet", param=name)
+
+
+def grammar_of(req: CompletionRequest | ChatCompletionRequest):
+    """The request's structured-output constraint (:class:`~specdec.grammar.GrammarSpec`) from OpenAI's
+    ``response_format`` or vLLM's ``guided_json`` / ``guided_regex`` / ``guided_grammar``; ``None`` for
+    free text.
+
+    Raises:
+        APIError: 400 naming the field, for an unknown format, a missing or invalid schema or grammar, or
+            more than one constraint.
+    """
+    from specdec.grammar import GrammarSpec
+
+    given = []
+    fmt = req.response_format
+    if fmt is not None:
+        kind = fmt.get("type")
+        if kind == "json_object":
+            given.append(("response_format", lambda: GrammarSpec("json_object")))
+        elif kind == "json_schema":
+            inner = fmt.get("json_schema")
+            schema = inner.get("schema") if isinstance(inner, dict) else None
+            if not isinstance(schema, dict):
+                raise APIError(400, "response_format.json_schema.schema must be a JSON schema (an object)",
+                               param="response_format")
+            given.append(("response_format", lambda: GrammarSpec.json_schema(schema)))
+        elif kind != "text":
+            raise APIError(400, f"response_format.type must be text, json_object or json_schema, got {kind!r}",
+                           param="response_format")
+    if req.guided_json is not None:
+        given.append(("guided_json", lambda: GrammarSpec.json_schema(req.guided_json)))
+    if req.guided_regex is not None:
+        given.append(("guided_regex", lambda: GrammarSpec("regex", req.guided_regex)))
+    if req.guided_grammar is not None:
+        given.append(("guided_grammar", lambda: _grammar_text(req.guided_grammar)))
+    if len(given) > 1:
+        raise APIError(400, f"give one constraint, not {' and '.join(n for n, _ in given)}", param=given[1][0])
+    if not given:
+        return None
+    name, build = given[0]
+    try:
+        return build()
+    except ValueError as e:
+        raise APIError(400, f"{name}: {e}", param=name) from None
+
+
+def _grammar_text(text: str):
+    """A GBNF grammar (``root ::= ...``) or a Lark one (llguidance's dialect)."""
+    from specdec.grammar import GrammarSpec
+
+    return GrammarSpec.from_gbnf(text) if "::=" in text else GrammarSpec("lark", text)
 
 
 def logprob_kwargs(req: CompletionRequest | ChatCompletionRequest) -> dict:
