@@ -172,6 +172,9 @@ def validate_check(params: SamplingParams, spec: SpecConfig, n_samples: int, dep
         raise ValueError("check needs speculation: choose method='draft' or 'ngram' with num_speculative_tokens >= 1")
     if n_samples < 20 or not 1 <= depth <= 4 or not 0 < alpha < 1:
         raise ValueError("need n_samples >= 20, depth in 1..4 and alpha in (0, 1)")
+    if params.grammar is not None:  # its exact distribution is the masked one: tests/test_structured.py tests that
+        raise ValueError("check takes no grammar: it tests the unconstrained distribution (constrained sampling "
+                         "is tested by the test suite, tests/test_structured.py)")
 
 
 def run_check(engine, prompt_ids: Sequence[int], params: SamplingParams, spec: SpecConfig,

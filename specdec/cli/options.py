@@ -29,6 +29,12 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--json-schema", default=None, metavar="FILE",
+                   help="constrain the output to JSON matching the schema in FILE ('object' = any JSON object)")
+    g.add_argument("--regex", default=None, help="constrain the output to match this regular expression")
+    g.add_argument("--grammar", default=None, metavar="FILE",
+                   help="constrain the output to the grammar in FILE (llama.cpp's GBNF, or Lark)")
 
 
 def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
@@ -44,8 +50,34 @@ def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty, logit_bias=bias, min_tokens=args.min_tokens,
-        seed=args.seed, max_tokens=args.max_tokens, stop=tuple(args.stop),
+        seed=args.seed, max_tokens=args.max_tokens, stop=tuple(args.stop), grammar=grammar_from_args(args),
     )
+
+
+def grammar_from_args(args: argparse.Namespace):
+    """The :class:`~specdec.grammar.GrammarSpec` of ``--json-schema`` / ``--regex`` / ``--grammar``, or None.
+
+    Raises:
+        ValueError: an unreadable file, or a schema or grammar that does not compile (one line).
+    """
+    from specdec.grammar import GrammarSpec
+
+    if args.regex is not None:
+        return GrammarSpec("regex", args.regex)
+    for option, path in (("--json-schema", args.json_schema), ("--grammar", args.grammar)):
+        if path is None:
+            continue
+        if option == "--json-schema" and path == "object":
+            return GrammarSpec("json_object")
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"cannot read {option} file {path}: {getattr(e, 'strerror', None) or e}") from None
+        if option == "--json-schema":
+            return GrammarSpec("json_schema", text)
+        return GrammarSpec.from_gbnf(text) if "::=" in text else GrammarSpec("lark", text)
+    return None
 
 
 def read_prompt(args: argparse.Namespace) -> str:

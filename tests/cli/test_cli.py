@@ -258,3 +258,28 @@ def test_library_errors_name_the_api_and_the_cli_translates(library, cli):
     from specdec.cli import cli_terms
 
     assert cli_terms(library) == cli and "--" not in library
+
+
+def test_generate_takes_a_json_schema_a_regex_and_a_grammar(capsys, tmp_path, tiny_target_path, tiny_draft_path):
+    """Issue 39: structured outputs from the command line; a bad schema, regex or file is one line."""
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+                                  "additionalProperties": False}))
+    base = ["--target", str(tiny_target_path), "--draft", str(tiny_draft_path), "--n-ctx", "512", "--max-tokens", "40"]
+    code, out, _ = run(capsys, "generate", "hi", *base, "--json-schema", str(schema))
+    text = out.strip().splitlines()[0]
+    assert code == 0 and text.startswith('{"a": ')
+    code, out, _ = run(capsys, "generate", "hi", *base, "--regex", "[a-c]{4}")
+    assert code == 0 and out.strip().splitlines()[0][:4].strip("abc") == ""
+    gbnf = tmp_path / "g.gbnf"
+    gbnf.write_text('root ::= "yes" | "no"')
+    code, out, _ = run(capsys, "generate", "hi", *base, "--grammar", str(gbnf))
+    assert code == 0 and out.strip().splitlines()[0] in ("yes", "no")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    for args in (["--json-schema", str(bad)], ["--regex", "("], ["--grammar", str(tmp_path / "none.gbnf")]):
+        code, _, err = run(capsys, "generate", "hi", *base, *args)
+        assert code != 0 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (args, err)
+    with pytest.raises(SystemExit) as e:  # argparse's own one-line refusal
+        main(["generate", "hi", *base, "--regex", "a", "--json-schema", str(schema)])
+    assert e.value.code == 2 and "not allowed with" in capsys.readouterr().err
