@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from specdec.stats import acceptance_rate
+
 
 def _run(engine, ids: list[int], method: str, k: int | None, max_tokens: int, cascade: bool = False):
     from specdec.params import SamplingParams, SpecConfig
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         mal = sum(r["committed"] for r in rs) / max(1, sum(r["target_calls"] for r in rs))
         lines.append(f"| {name}{tag} | {os.path.getsize(path) / 1e6:.0f} | "
                      f"{1000 * secs / tok if tok else float('nan'):.1f} | {calls / tok if tok else float('nan'):.2f} "
-                     f"| {accepted / proposed if proposed else float('nan'):.2f} | "
+                     f"| {acceptance_rate(accepted, proposed):.2f} | "
                      + " ".join(f"{a / q:.2f}" if q else "-" for a, q in zip(acc, prop))
                      + f" | {mal:.2f} | {rate(rs) / plain:.2f} | {chosen} |")
     steps = {}

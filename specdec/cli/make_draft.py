@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Iterator
 
 from specdec.backends.cpu import check_threads
+from specdec.stats import acceptance_rate
 
 QUANT_TYPES = ("Q4_0", "Q3_K_S", "Q3_K_M", "Q2_K")
 """``--quantize`` choices: names of llama.cpp's ``LLAMA_FTYPE_MOSTLY_*`` file types."""
@@ -239,7 +240,7 @@ def search_layers(src: Path, count: str, workdir: Path, backend: str | None = No
                     b.close()
         proposed = sum(r.stats.proposed for r in results)
         accepted = sum(r.stats.accepted for r in results)
-        rate = accepted / proposed if proposed else 0.0
+        rate = acceptance_rate(accepted, proposed) if proposed else 0.0  # none proposed: the worst
         print(f"make-draft: blocks {_ranges(layers)}: acceptance {rate:.3f} ({accepted}/{proposed})", file=sys.stderr)
         if rate > best_rate:
             best, best_rate = layers, rate

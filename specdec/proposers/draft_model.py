@@ -36,6 +36,7 @@ from specdec.backends.cache import SequenceCache
 from specdec.params import SamplingParams, SpecConfig
 from specdec.proposers.base import EMPTY_PROPOSAL, DraftCost, Draws, Outcome, Proposal, ProposerContext, register
 from specdec.proposers.ngram import NgramIndex
+from specdec.backends.prefix import common_prefix
 from specdec.grammar import vocabulary_of
 from specdec.sampling import SamplingState
 from specdec.types import ALONE, Load
@@ -93,10 +94,7 @@ class DraftModelProposer:
     def catchup(self, context: Sequence[int]) -> int:
         """Tokens of ``context`` the draft's cache lacks (what the next :meth:`propose` evaluates first)."""
         held = self.cache.tokens
-        n = min(len(held), len(context))
-        if held[:n] != list(context[:n]):
-            n = next(i for i in range(n) if held[i] != context[i])
-        return len(context) - n
+        return len(context) - common_prefix(held, context, min(len(held), len(context)))
 
     def propose(self, context: Sequence[int], k: int, params: SamplingParams, draws: Draws,
                 kind: str | None = None, load: Load = ALONE) -> Proposal:
