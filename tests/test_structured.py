@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import tiny_backend
 from reference_sampling import reference_probs
+from test_lossless import backend_pair
 from tiny_gguf import write_tiny_qwen2_gguf
 
 pytest.importorskip("llguidance")
@@ -96,19 +97,9 @@ def lossless(tiny_model_dir):
     tpath = write_tiny_qwen2_gguf(tiny_model_dir / "lossless-target.gguf", seed=0)
     dpath = write_tiny_qwen2_gguf(tiny_model_dir / "lossless-draft.gguf", seed=0, perturb=0.1)
     with tiny_backend(tpath, "llama.cpp", n_ctx=128) as target, tiny_backend(dpath, "llama.cpp", n_ctx=128) as draft:
-        engine = Engine(target, draft, SpecConfig(method="draft"))
-        from specdec.backends.cache import SequenceCache
-
-        def logits_after(ids):
-            cache = SequenceCache(target)
-            try:
-                return cache.score(list(ids), 1)[0]
-            finally:
-                cache.free()
-
+        engine, _, logits_after = backend_pair(target, draft)
         # a prompt whose continuation repeats letters: n-gram drafts find matches
-        prompt = engine.encode_prompt("abc abd abc abd abc ab")
-        yield engine, prompt, logits_after
+        yield engine, engine.encode_prompt("abc abd abc abd abc ab"), logits_after
 
 
 def constrained_table(engine, prompt, logits_after, params):
