@@ -24,6 +24,11 @@ from typing import Callable, Literal, Sequence
 
 import numpy as np
 
+class GrammarError(ValueError):
+    """A request's grammar cannot be followed: it matches no text, or it is too complex for the grammar
+    engine's limits at some position (found while generating). The client's to fix."""
+
+
 KINDS = ("json_schema", "json_object", "regex", "lark")
 """Grammar kinds a request may give."""
 
@@ -58,15 +63,34 @@ class GrammarSpec:
             raise ValueError(f"unknown grammar kind {self.kind!r}; choose one of {', '.join(KINDS)}")
         if self.kind == "json_schema":
             try:
-                json.loads(self.source)
+                schema = json.loads(self.source)
             except (TypeError, ValueError) as e:
                 raise ValueError(f"the JSON schema is not JSON: {e}") from None
-        _validate(self.grammar())
+            except RecursionError:
+                raise ValueError("the JSON schema is nested too deeply") from None
+            if not isinstance(schema, dict):
+                raise ValueError(f"the JSON schema must be an object, got {type(schema).__name__}")
+        try:
+            _validate(self.grammar())
+        except RecursionError:
+            raise ValueError("the grammar is nested too deeply") from None
 
     @classmethod
     def json_schema(cls, schema: dict | str) -> "GrammarSpec":
         """A constraint to JSON matching ``schema`` (a dict or its JSON text)."""
         return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
+
+    @classmethod
+    def from_text(cls, text: str) -> "GrammarSpec":
+        """A constraint from a grammar's text: Lark (llguidance's dialect: a ``start:`` rule or a
+        ``%llguidance`` header) or else llama.cpp's GBNF (``root ::= ...``).
+
+        Raises:
+            ValueError: when the text is neither.
+        """
+        from llguidance.gbnf_to_lark import is_lark_syntax
+
+        return cls("lark", text) if is_lark_syntax(text) else cls.from_gbnf(text)
 
     @classmethod
     def from_gbnf(cls, gbnf: str) -> "GrammarSpec":
@@ -198,9 +222,11 @@ class Constraint:
         from llguidance import LLMatcher
 
         self.vocab, self.spec = vocab, spec
-        self.matcher = LLMatcher(vocab.tokenizer, spec.grammar())
+        self.matcher = LLMatcher(vocab.tokenizer, spec.grammar(), log_level=0)
         if self.matcher.is_error():
-            raise ValueError(f"the grammar is invalid: {_one_line(self.matcher.get_error())}")
+            raise GrammarError(f"the grammar is invalid: {_one_line(self.matcher.get_error())}")
+        if not self.matcher.is_accepting() and not self.mask().any():
+            raise GrammarError("the grammar matches no text (no token can start it)")
         self._words = (vocab.vocab_size + 31) // 32
 
     # -- masks -----------------------------------------------------------------------------------
@@ -210,6 +236,8 @@ class Constraint:
         if self.matcher.is_stopped():
             return self._end_only()
         bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint32)
+        if self.matcher.is_error():
+            raise GrammarError(self._failure())
         allowed = np.unpackbits(bits.view(np.uint8), bitorder="little")[: self.vocab.vocab_size].astype(bool)
         if self.matcher.is_accepting():  # llguidance allows its own eos there; every eog id ends the text
             allowed[list(self.vocab.eog_ids)] = True
@@ -232,6 +260,13 @@ class Constraint:
                     valid, consumed = valid + 1, consumed + took
         self.rollback(consumed)
         return np.stack(rows)
+
+    def _failure(self) -> str:
+        """What the matcher's error state means, in one line."""
+        detail = self.matcher.get_error().split("<state>")[0]
+        if "NoExtensionBias" in detail or "NoExtensionBias" in str(self.matcher.stop_reason()):
+            return "the grammar matches no text from here (no token can continue it)"
+        return f"the grammar engine gave up on this grammar: {_one_line(detail)}"
 
     def _end_only(self) -> np.ndarray:
         allowed = np.zeros(self.vocab.vocab_size, dtype=bool)
@@ -257,7 +292,8 @@ class Constraint:
         """
         for t in tokens:
             if self._consume(t) is None:
-                raise ValueError(f"committed token {t} is outside the grammar")
+                raise GrammarError(self._failure() if self.matcher.is_error()
+                                   else f"token {t} does not fit the grammar (a bug: rows are sampled masked)")
 
     def rollback(self, n: int) -> None:
         """Undo the last ``n`` tokens consumed."""

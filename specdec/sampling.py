@@ -161,7 +161,8 @@ class SamplingState:
       generated, counted at each row's own position.
     - ``logit_bias``: added to the raw logits (before penalties, vLLM's order).
     - ``grammar``: tokens the request's grammar refuses at a row's position (after the committed tokens
-      and the pending drafts before it) get ``-inf`` (:class:`~specdec.grammar.Constraint`), last.
+      and the pending drafts before it) get ``-inf`` (:class:`~specdec.grammar.Constraint`), last; where
+      the grammar allows only the end, ``min_tokens`` gives way.
 
     Args:
         params: The request's sampling parameters.
@@ -260,11 +261,14 @@ class SamplingState:
             for j in range(n):
                 for t, c in Counter(int(t) for t in pending[: start + j]).items():
                     x[j, t] = self._column(raw2[j, t], t, int(self.counts[t]) + c)
+        allowed = self.constraint.masks(pending, start, n) if self.constraint is not None else None  # [n, V]
         for j in range(n):
             if self.n_generated + start + j < self.params.min_tokens and len(self._eog):
-                x[j, self._eog] = -np.inf
-        if self.constraint is not None:
-            x[~self.constraint.masks(pending, start, n)] = -np.inf
+                # a grammar that can only end here wins over min_tokens (the output cannot grow)
+                if allowed is None or np.delete(allowed[j], self._eog).any():
+                    x[j, self._eog] = -np.inf
+        if allowed is not None:
+            x[~allowed] = -np.inf
         return x
 
     def probs(self, raw: np.ndarray, pending: Sequence[int] = ()) -> np.ndarray:

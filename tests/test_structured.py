@@ -155,3 +155,21 @@ def test_power_masks_at_the_wrong_position_are_rejected(lossless, monkeypatch):
     _, fit, stats = run_cell(lossless, 3, "draft", "token", seed=77)
     assert stats["accepted"] > 0
     assert fit.p_value < ALPHA, (fit.chi2, fit.dof, fit.p_value)
+
+
+def test_grammar_defects_found_by_a_new_user(pair):
+    """A grammar that must end before min_tokens ends (min_tokens gives way, no crash); one that matches no
+    text, or is nested too deeply, is refused with a clear ValueError; Lark text containing '::=' stays Lark."""
+    yes_no = GrammarSpec("lark", 'start: "yes" | "no"')
+    r = pair.generate("x", SamplingParams(max_tokens=20, min_tokens=10, grammar=yes_no), SpecConfig(method="draft"))
+    assert r.text in ("yes", "no") and r.finish_reason == "stop"
+    for spec in (GrammarSpec("regex", r"[^\s\S]"), GrammarSpec.json_schema({"$ref": "#"})):
+        with pytest.raises(ValueError, match="matches no text"):
+            pair.generate("x", SamplingParams(max_tokens=8, grammar=spec), SpecConfig(method="none"))
+    assert not pair.target.busy_sequences
+    with pytest.raises(ValueError, match="nested too deeply"):
+        GrammarSpec("json_schema", '{"type":"array","items":' * 5000 + "{}" + "}" * 5000)
+    with pytest.raises(ValueError, match="must be an object"):
+        GrammarSpec("json_schema", "true")
+    assert GrammarSpec.from_text('start: "a ::= b" | "c"').kind == "lark"
+    assert GrammarSpec.from_text('root ::= "a"').kind == "lark"  # converted from GBNF

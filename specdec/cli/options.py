@@ -32,9 +32,12 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--json-schema", default=None, metavar="FILE",
                    help="constrain the output to JSON matching the schema in FILE ('object' = any JSON object)")
-    g.add_argument("--regex", default=None, help="constrain the output to match this regular expression")
+    g.add_argument("--regex", default=None,
+                   help="constrain the whole output to match this regular expression (Rust regex syntax: \\d is "
+                        "any Unicode digit, [0-9] an ASCII one)")
     g.add_argument("--grammar", default=None, metavar="FILE",
-                   help="constrain the output to the grammar in FILE (llama.cpp's GBNF, or Lark)")
+                   help="constrain the output to the grammar in FILE: Lark (a 'start:' rule, llguidance's dialect) "
+                        "or else llama.cpp's GBNF ('root ::= ...')")
 
 
 def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
@@ -76,7 +79,7 @@ def grammar_from_args(args: argparse.Namespace):
             raise ValueError(f"cannot read {option} file {path}: {getattr(e, 'strerror', None) or e}") from None
         if option == "--json-schema":
             return GrammarSpec("json_schema", text)
-        return GrammarSpec.from_gbnf(text) if "::=" in text else GrammarSpec("lark", text)
+        return GrammarSpec.from_text(text)
     return None
 
 

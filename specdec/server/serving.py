@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import json
 import logging
 import math
 import typing
@@ -21,6 +22,7 @@ from dataclasses import dataclass, fields
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from specdec.output import StreamChunk
+from specdec.grammar import GrammarError
 from specdec.scheduler import QueueFullError, RequestError, SchedulerClosedError, SchedulerDiedError
 from specdec.server.errors import APIError
 from specdec.server.protocol import (
@@ -36,7 +38,8 @@ SERVER_FIELDS = frozenset({
     "model", "prompt", "messages", "n", "stream", "stream_options", "user", "speculative", "echo", "suffix",
     "best_of", "logprobs", "top_logprobs", "tools", "tool_choice", "response_format", "max_tokens",
     "max_completion_tokens", "stop", "seed", "parallel_tool_calls", "metadata", "store", "service_tier", "cache_salt",
-    "guided_json", "guided_regex", "guided_grammar",
+    "guided_json", "guided_regex", "guided_grammar", "guided_choice", "guided_decoding_backend", "guided_whitespace_pattern",
+    "structural_tag",
 })
 """Request fields the server handles itself (or refuses) instead of passing them to SamplingParams."""
 
@@ -139,6 +142,12 @@ def grammar_of(req: CompletionRequest | ChatCompletionRequest):
         given.append(("guided_regex", lambda: GrammarSpec("regex", req.guided_regex)))
     if req.guided_grammar is not None:
         given.append(("guided_grammar", lambda: _grammar_text(req.guided_grammar)))
+    extra = req.model_extra or {}
+    if "guided_choice" in extra:
+        given.append(("guided_choice", lambda: _choice(extra["guided_choice"])))
+    for name in UNSUPPORTED_GUIDED:
+        if extra.get(name) is not None:
+            raise APIError(400, f"{name} is not supported by this server", param=name)
     if len(given) > 1:
         raise APIError(400, f"give one constraint, not {' and '.join(n for n, _ in given)}", param=given[1][0])
     if not given:
@@ -148,13 +157,28 @@ def grammar_of(req: CompletionRequest | ChatCompletionRequest):
         return build()
     except ValueError as e:
         raise APIError(400, f"{name}: {e}", param=name) from None
+    except RecursionError:
+        raise APIError(400, f"{name}: nested too deeply", param=name) from None
 
 
 def _grammar_text(text: str):
-    """A GBNF grammar (``root ::= ...``) or a Lark one (llguidance's dialect)."""
+    """A Lark grammar (llguidance's dialect) or else a GBNF one (``root ::= ...``)."""
     from specdec.grammar import GrammarSpec
 
-    return GrammarSpec.from_gbnf(text) if "::=" in text else GrammarSpec("lark", text)
+    return GrammarSpec.from_text(text)
+
+
+UNSUPPORTED_GUIDED = ("guided_decoding_backend", "guided_whitespace_pattern", "structural_tag")
+"""vLLM's structured-output fields this server does not take (a 400 rather than silence)."""
+
+
+def _choice(options) -> "GrammarSpec":
+    """vLLM's ``guided_choice``: the output is one of the strings."""
+    from specdec.grammar import GrammarSpec
+
+    if not isinstance(options, list) or not options or not all(isinstance(o, str) and o for o in options):
+        raise ValueError("guided_choice must be a list of non-empty strings")
+    return GrammarSpec("lark", "start: " + " | ".join(json.dumps(o, ensure_ascii=False) for o in options))
 
 
 def logprob_kwargs(req: CompletionRequest | ChatCompletionRequest) -> dict:
@@ -398,7 +422,7 @@ def engine_error(e: BaseException) -> APIError:
     admission (:class:`~specdec.scheduler.RequestError`, its message written for clients), 503 when the
     scheduler died or the client's stream overflowed, else 500 saying only that generation failed (a
     ``ValueError`` of a library during a step too); the details go to the log, not to the client."""
-    if isinstance(e, RequestError):
+    if isinstance(e, (RequestError, GrammarError)):  # a grammar found impossible while generating: the client's
         return APIError(400, str(e))
     if isinstance(e, StreamOverflowError):
         return APIError(503, f"request cancelled: {e}", code="client_too_slow")

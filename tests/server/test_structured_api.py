@@ -90,3 +90,24 @@ def test_bad_constraints_get_400(server, extra, param):
                    json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4, **extra})
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     assert httpx.get(f"{server.root}/health", timeout=30).status_code == 200
+
+
+def test_choices_and_unsupported_fields(server):
+    """vLLM's guided_choice is served; its fields this server does not take get a 400 (not silence); a
+    grammar that matches no text or nests too deeply is a 400, and the server stays well."""
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 8, "temperature": 0}
+    r = httpx.post(f"{server.url}/completions", json={**body, "guided_choice": ["yes", "no", "maybe so"]}, timeout=60)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] in ("yes", "no", "maybe so"), r.text
+    for extra, param in (({"guided_choice": []}, "guided_choice"), ({"guided_decoding_backend": "xgrammar"},
+                          "guided_decoding_backend"), ({"structural_tag": "{}"}, "structural_tag"),
+                         ({"guided_regex": r"[^\s\S]"}, "matches no text"),
+                         ({"guided_json": '{"type":"array","items":' * 3000 + "{}" + "}" * 3000}, "guided_json"),
+                         ({"guided_grammar": 'start: "y"', "min_tokens": 5}, None)):
+        r = httpx.post(f"{server.url}/completions", json={**body, **extra}, timeout=60)
+        if param is None:
+            assert r.status_code == 200 and r.json()["choices"][0]["text"] == "y", r.text
+        elif " " in param:  # found when the request starts: a 400 saying what
+            assert r.status_code == 400 and param in r.json()["error"]["message"], (extra, r.text)
+        else:
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
+    assert httpx.get(f"{server.root}/health", timeout=30).status_code == 200
