@@ -367,25 +367,38 @@ def test_one_key_is_one_tenant_and_salts_apart(engine):
         assert _chat(srv.url, SECRET + "1", salt="other")[0] == 0
 
 
-def test_unread_stream_is_cancelled(engine):
-    """Finding 10: a client that stopped reading a stream kept its slot while the server generated into
-    an unbounded queue. The queue is bounded; when it fills the request is cancelled and its slot freed."""
-    from server_helpers import LONG
+def test_unread_stream_is_cancelled():
+    """Finding 10: a client that stopped reading a stream kept its slot while the server generated into an
+    unbounded queue. The queue of a request's events is bounded: when it is full (the SSE writer is blocked
+    on a client that reads nothing, or on one gone unnoticed) the request's choices are cancelled and the
+    queue ends with an error. Tested on the queue itself: over HTTP, the kernel's socket buffers hold
+    megabytes first, so whether a given stream reaches the bound depends on the machine."""
+    from specdec.server.serving import Choices, StreamOverflowError
 
-    with LiveServer(engine, max_running=2, stream_buffer=4) as srv:
-        body = {"prompt": LONG, "max_tokens": 400, "stream": True, "temperature": 0,
-                "speculative": {"method": "none"}}
-        with httpx.Client(timeout=60) as c, c.stream("POST", f"{srv.url}/completions", json=body) as r:
-            assert r.status_code == 200
-            # read nothing: the server's queue for this request fills up; wait for it to give the slot back
-            import time
+    class Scheduler:
+        error = None
 
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and srv.metric("specdec_requests_total", finish_reason="cancelled") < 1:
-                time.sleep(0.1)
-            assert srv.metric("specdec_requests_total", finish_reason="cancelled") >= 1
-            text = r.read().decode()
-        assert "client_too_slow" in text or "[DONE]" not in text
+        def __init__(self):
+            self.cancelled, self.emit = [], None
+
+        def submit_many(self, items):
+            self.emit = items[0][3]
+            return ["job"]
+
+        def cancel(self, job):
+            self.cancelled.append(job)
+
+    async def go():
+        sched = Scheduler()
+        choices = Choices(sched, [([1, 2], None, None)], buffer=4)
+        for i in range(10):  # the scheduler thread's events; nobody reads them
+            sched.emit(f"chunk {i}")
+        await asyncio.sleep(0.05)
+        assert sched.cancelled == ["job"]  # the slot is given back
+        events = [choices.events.get_nowait() for _ in range(choices.events.qsize())]
+        assert len(events) == 5 and isinstance(events[-1][1], StreamOverflowError)  # 4 chunks, then the error
+
+    asyncio.run(go())
 
 
 def test_engine_errors_tell_clients_nothing_inside():
