@@ -151,21 +151,21 @@ class Vocabulary:
     """A model's vocabulary for llguidance, built once per engine (~1 s for 151,936 tokens).
 
     Args:
-        token_bytes: ``id -> bytes`` of each token (special tokens: their text).
+        tokens: ``[V]`` the bytes of each token (special tokens: their text).
         vocab_size: ``V``: the real vocabulary (ids ``0..V-1``).
         eog_ids: Ids that end generation: allowed where the grammar can end, refused elsewhere.
         tokenize: ``bytes -> ids``, the model's tokenizer (llguidance tokenizes forced text with it).
         special_ids: Control tokens (never allowed inside a grammar's text).
     """
 
-    def __init__(self, token_bytes: Callable[[int], bytes], vocab_size: int, eog_ids: frozenset[int],
+    def __init__(self, tokens: Sequence[bytes], vocab_size: int, eog_ids: frozenset[int],
                  tokenize: Callable[[bytes], list[int]], special_ids: Sequence[int] = ()):
         from llguidance import LLTokenizer, TokenizerWrapper
 
         self.vocab_size = vocab_size
         self.eog_ids = frozenset(eog_ids)
         eos = min(self.eog_ids) if self.eog_ids else 0
-        tokens = [token_bytes(i) for i in range(vocab_size)]
+        tokens = list(tokens[:vocab_size])
         special = sorted(set(special_ids) | self.eog_ids)
         wrapper = TokenizerWrapper(_Tokens(tokens, eos, special, tokenize))
         self.tokenizer = LLTokenizer(wrapper, n_vocab=vocab_size, eos_token=sorted(self.eog_ids) or None)
@@ -201,7 +201,7 @@ def vocabulary_of(backend, vocab_size: int) -> Vocabulary:
         tokens = [backend.token_bytes(i) for i in range(vocab_size)]
         control = {t.encode() for t in backend.control_token_texts()}
         special = [i for i, b in enumerate(tokens) if b in control]  # never text inside a grammar
-        vocab = Vocabulary(tokens.__getitem__, vocab_size, frozenset(t for t in backend.eog_ids if t < vocab_size),
+        vocab = Vocabulary(tokens, vocab_size, frozenset(t for t in backend.eog_ids if t < vocab_size),
                            lambda text: backend.tokenize(text.decode("utf-8", "replace")), special)
         _VOCABULARIES[backend] = vocab
     return vocab

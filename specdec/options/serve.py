@@ -108,6 +108,8 @@ def _names(text: str, option: str, urls: bool = False) -> tuple[str, ...]:
     import re
     from urllib.parse import urlsplit
 
+    from specdec.server.access import is_ip_literal
+
     if not text.strip():
         return ()
     out = []
@@ -121,22 +123,12 @@ def _names(text: str, option: str, urls: bool = False) -> tuple[str, ...]:
         name = name.lower().rstrip(".")
         if name.startswith("[") and name.endswith("]"):
             name = name[1:-1]
-        ok = name == "*" or re.fullmatch(r"(\*\.)?[a-z0-9_-]+(\.[a-z0-9_-]+)*", name) or _is_ip(name)
+        ok = name == "*" or re.fullmatch(r"(\*\.)?[a-z0-9_-]+(\.[a-z0-9_-]+)*", name) or is_ip_literal(name)
         if not ok:
             raise ValueError(f"{option}: {raw.strip()!r} is not a host name (name, *.suffix, an IP address or *"
                              f"{', or an origin https://name' if urls else ''}; no port or path)")
         out.append(name)
     return tuple(out)
-
-
-def _is_ip(name: str) -> bool:
-    import ipaddress
-
-    try:
-        ipaddress.ip_address(name)
-        return True
-    except ValueError:
-        return False
 
 
 def parse_serve_args(argv: list[str]) -> argparse.Namespace:

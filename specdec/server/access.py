@@ -108,7 +108,8 @@ def _from_browser(headers: dict[str, str]) -> bool:
     return "sec-fetch-site" in headers or "sec-fetch-mode" in headers
 
 
-def _is_ip(host: str) -> bool:
+def is_ip_literal(host: str) -> bool:
+    """Whether ``host`` is an IP address (``10.0.0.5``, ``::1``, ``[::1]``), not a name."""
     try:
         ipaddress.ip_address(host.strip("[]"))
         return True
@@ -231,7 +232,7 @@ class AccessMiddleware:
             # a page's own requests carry no Origin on a same-origin GET: after DNS rebinding, an attacker's page
             # is "same-origin" with its own name. A browser may name this server only by a name it was told
             host = _hostname(headers["host"]) or ""
-            if not (host_allowed(host, self.named_hosts) or _is_ip(host)):
+            if not (host_allowed(host, self.named_hosts) or is_ip_literal(host)):
                 return APIError(403, f"browser requests to {headers['host']!r} are not allowed: open the server by "
                                 f"its IP address or a name it was given; {hint} (allowed_hosts)",
                                 code="origin_not_allowed")
