@@ -7,6 +7,9 @@ Callers (CLI, server, ``specdec check``) use its public methods, never its backe
 
 from __future__ import annotations
 
+import functools
+import json
+
 import operator
 from typing import Iterator, Sequence
 
@@ -139,29 +142,40 @@ class Engine:
         """The raw bytes of one token (may be part of a UTF-8 character)."""
         return self.target.token_bytes(token_id)
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         """Render chat messages with the target's chat template, ending with the assistant prompt.
+
+        Args:
+            messages: ``[{"role", "content", ...}]``; an assistant message may hold ``tool_calls`` (their
+                ``arguments`` objects, :func:`specdec.tools.template_arguments`).
+            tools: OpenAI's ``tools`` shown to the model (the template's ``tools`` variable), or None.
 
         Raises:
             ValueError: when the model has no chat template or the template fails.
         """
-        return self.target.apply_chat_template(messages)
+        return self.target.apply_chat_template(messages, tools=tools)
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """Chat messages to token ids (not validated: see :meth:`encode_prompt`): the template's markup
         with control tokens parsed, each message's content as plain text, so that a content holding
-        ``<|im_end|>`` cannot end its turn (:mod:`specdec.backends.chat_template`).
+        ``<|im_end|>`` cannot end its turn (:mod:`specdec.backends.chat_template`). Tools and earlier tool
+        calls are rendered inside the markup, so one holding a control token's text is refused.
 
         Raises:
-            ValueError: when the model has no chat template or the template fails; or when the template
-                rewrites contents so that they cannot be told from its markup and a content holds the
-                text of a control token.
+            ValueError: when the model has no chat template or the template fails; when a tool or tool
+                call holds the text of a control token; or when the template rewrites contents so that
+                they cannot be told from its markup and a content holds the text of a control token.
         """
         if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content", ""), str)
                    for m in messages):
             raise ValueError('messages must be dicts {"role": str, "content": str}')
-        pieces = chat_pieces(messages, self.render_chat)
         control = self.target.control_token_texts()
+        markup = json.dumps([tools, [m.get("tool_calls") for m in messages]], ensure_ascii=False)
+        found = next((t for t in control if t and t in markup), None)
+        if found is not None:
+            raise ValueError(f"a tool or tool call contains the control token text {found!r}; remove it")
+        render = functools.partial(self.render_chat, tools=tools)
+        pieces = chat_pieces(messages, render)
         if pieces is not None:
             return encode_pieces(pieces, self.tokenize, control)
         # No certain split: the whole rendering is safe only if no content can make a control token.
@@ -170,7 +184,7 @@ class Engine:
             if found is not None:
                 raise ValueError(f"message {i} contains the control token text {found!r}, and this model's chat "
                                  "template rewrites message contents, so it cannot be kept plain text; remove it")
-        return self.tokenize(self.render_chat(messages), special=True)
+        return self.tokenize(render(messages), special=True)
 
     # -- prompts -------------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:

@@ -88,7 +88,7 @@ class TableLM(SequenceBook):
     def control_token_texts(self) -> frozenset[str]:
         return frozenset()
 
-    def apply_chat_template(self, messages) -> str:
+    def apply_chat_template(self, messages, tools=None) -> str:
         raise ValueError("no chat template")
 
     def vocab_fingerprint(self):

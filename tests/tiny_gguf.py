@@ -25,6 +25,9 @@ MERGES = (
 )
 """A few common English byte-pair merges (GPT-2 byte symbols; ``Ġ`` is the space byte)."""
 
+QWEN2_5_TEMPLATE = (Path(__file__).parent / "qwen2_5_chat_template.jinja").read_text(encoding="utf-8")
+"""Qwen2.5-Instruct's chat template (from the default pair's GGUF): renders ``tools`` and tool calls."""
+
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
@@ -91,7 +94,7 @@ def write_tiny_qwen2_gguf(
     extra_vocab: int = 0,
     pad_vocab: int = 0,
     pad_inside: bool = False,
-    chat_template: bool = True,
+    chat_template: bool | str = True,
     scale: float = 2.5,
     perturb: float = 0.0,
     perturb_seed: int = 12345,
@@ -109,7 +112,7 @@ def write_tiny_qwen2_gguf(
         n_ctx: Training context length written to the metadata.
         extra_vocab: Extra normal tokens (to build a model whose vocabulary differs).
         pad_vocab, pad_inside: Padding rows, see :func:`tiny_vocab`.
-        chat_template: Whether to store a ChatML chat template.
+        chat_template: Whether to store a ChatML chat template, or the template to store (its jinja source).
         scale: Standard deviation of the output logits. The default gives next-token distributions
             whose top probability is mostly between 0.05 and 0.6 (median ~0.25): spread enough for
             sampling tests, peaked enough that greedy decoding is not arbitrary, and greedy
@@ -161,7 +164,7 @@ def write_tiny_qwen2_gguf(
     w.add_bos_token_id(eos)
     w.add_add_bos_token(False)
     if chat_template:
-        w.add_chat_template(CHATML_TEMPLATE)
+        w.add_chat_template(chat_template if isinstance(chat_template, str) else CHATML_TEMPLATE)
 
     w.add_tensor("token_embd.weight", normal(n_vocab, n_embd, std=1.0))
     for i in range(n_layer):

@@ -130,8 +130,9 @@ class Backend(SequencePool, PrefixCaching, Protocol):
         """Texts that :meth:`tokenize` turns into control tokens only with ``special=True``
         (``<|im_start|>``, ``<|im_end|>``, ...); see :func:`specdec.backends.chat_template.encode_pieces`."""
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        """Render chat messages with the model's template, ending with the assistant prompt.
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """Render chat messages (and OpenAI's ``tools``, the template's ``tools`` variable) with the model's
+        template, ending with the assistant prompt.
 
         Raises:
             ValueError: when the model has no chat template.

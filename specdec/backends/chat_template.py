@@ -52,8 +52,9 @@ class ChatTemplate:
         except jinja2.TemplateError as e:
             raise ValueError(f"chat template of {self.model_name} is invalid: {e}") from e
 
-    def render(self, messages: list[dict[str, str]]) -> str:
-        """The rendered conversation, ending with the assistant prompt.
+    def render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The rendered conversation, ending with the assistant prompt; ``tools`` (OpenAI's shape) is the
+        template's ``tools`` variable.
 
         Raises:
             ValueError: when the model has no chat template, or the template fails on the messages.
@@ -68,7 +69,7 @@ class ChatTemplate:
 
         try:
             return self._template.render(
-                messages=messages, add_generation_prompt=True, bos_token=self.bos_token,
+                messages=messages, tools=tools, add_generation_prompt=True, bos_token=self.bos_token,
                 eos_token=self.eos_token, raise_exception=raise_exception,
                 strftime_now=lambda fmt: datetime.now().strftime(fmt),
             )

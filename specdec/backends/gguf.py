@@ -240,8 +240,9 @@ class GGUFBackend(SequenceBook):
         return end, h.hexdigest()
 
     # -- chat template -------------------------------------------------------------------------
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        """Render chat messages with the model's jinja chat template, ending with the assistant prompt.
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """Render chat messages (and ``tools``, OpenAI's shape) with the model's jinja chat template, ending
+        with the assistant prompt.
 
         Raises:
             ValueError: when the model has no chat template, or the template fails on the messages.
@@ -256,7 +257,7 @@ class GGUFBackend(SequenceBook):
             eos, bos = self._lib_eos_bos()
             self._template = ChatTemplate(source.decode("utf-8", "replace") if source else None, self.name,
                                           bos_token=token_text(bos), eos_token=token_text(eos))
-        return self._template.render(messages)
+        return self._template.render(messages, tools=tools)
 
     # -- lifetime ------------------------------------------------------------------------------
     def close(self) -> None:

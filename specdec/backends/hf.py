@@ -224,8 +224,9 @@ class HFBackend(SequenceBook):
 
     # -- chat template -------------------------------------------------------------------------
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        """Render chat messages with the tokenizer's chat template, ending with the assistant prompt.
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """Render chat messages (and ``tools``, OpenAI's shape) with the tokenizer's chat template, ending
+        with the assistant prompt.
 
         Raises:
             ValueError: when the model has no chat template, or the template fails on the messages.
@@ -235,7 +236,7 @@ class HFBackend(SequenceBook):
         import jinja2
 
         try:
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         except jinja2.TemplateError as e:
             raise ValueError(f"chat template of {self.name} failed: {e}") from e
 

@@ -33,6 +33,7 @@ from specdec.prefill import check_chunk_tokens
 from specdec.scheduler import Scheduler
 from specdec.server import logprobs, playground, provenance, serving
 from specdec.server.access import AccessMiddleware, tenant_of
+from specdec.tools import ToolCallStream, parse_tool_calls
 from specdec.server.errors import APIError, error_body, install_error_handlers
 from specdec.server.protocol import (
     ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, CompletionChunk,
@@ -168,12 +169,12 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
     async def models():
         return ModelList(data=[ModelCard(id=config.model_name, created=created)])
 
-    def admit(req) -> tuple:
+    def admit(req, tools: serving.ToolPlan | None = None) -> tuple:
         if req.model is not None and req.model != config.model_name:
             raise APIError(404, f"the model '{req.model}' does not exist; this server serves "
                            f"'{config.model_name}'", param="model", code="model_not_found")
         serving.refuse_unsupported(req)
-        grammar = serving.grammar_of(req)
+        grammar = serving.grammar_of(req, tools)
         return ({**serving.sampling_kwargs(req), **serving.logprob_kwargs(req), "grammar": grammar},
                 serving.spec_for(engine, req))
 
@@ -225,33 +226,64 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS)
     async def chat_completions(req: ChatCompletionRequest, raw: Request):
-        kwargs, spec = admit(req)
-        prompts = [await asyncio.to_thread(serving.tokenize_chat, engine, req.messages)]
+        tools = serving.tool_plan(req)
+        kwargs, spec = admit(req, tools)
+        prompts = [await asyncio.to_thread(serving.tokenize_chat, engine, req.messages, tools)]
         choices = await start(req, raw, prompts, kwargs, spec, default_max=None)
         head = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": config.model_name}
-
         prov = provenance.wanted(req)
+        calls = tools is not None and tools.calls  # the answers are parsed for tool calls
+        parsers = [ToolCallStream() for _ in choices.jobs] if calls else None
 
         def delta(i: int, d: Delta, lps=None, finish: str | None = None, toks=None) -> ChatChunkChoice:
             return ChatChunkChoice(index=i, delta=d, logprobs=logprobs.chat_logprobs(engine, lps), finish_reason=finish,
                                    provenance=provenance.wire(toks) if prov and toks is not None else None)
 
+        def content(i: int, ev) -> ChatChunkChoice | None:
+            if parsers is None:
+                return delta(i, Delta(content=ev.text), ev.logprobs, None, ev.provenance)
+            text, deltas = parsers[i].feed(ev.text)
+            if not (text or deltas or ev.logprobs or (prov and ev.provenance)):
+                return None  # all held back (a tag may be starting)
+            return delta(i, Delta(content=text or None, tool_calls=deltas or None), ev.logprobs, None, ev.provenance)
+
+        def final(i: int, reason: str) -> ChatChunkChoice:
+            if parsers is None:
+                return delta(i, Delta(), None, reason)
+            text, deltas = parsers[i].finish()
+            return delta(i, Delta(content=text or None, tool_calls=deltas or None), None,
+                         _tool_finish(reason, parsers[i].calls))
+
         if req.stream:
             return _sse(_stream(choices, req, lambda **kw: ChatCompletionChunk(**head, **kw), prompts, spec,
-                                content=lambda i, ev: delta(i, Delta(content=ev.text), ev.logprobs, None, ev.provenance),
-                                final=lambda i, reason: delta(i, Delta(), None, reason),
+                                content=content, final=final,
                                 first=lambda i: delta(i, Delta(role="assistant", content=""))))
         results = await _collect(choices, raw)
+
+        def message(r) -> tuple[dict, str]:
+            if not calls:
+                return {"content": r.text}, r.finish_reason
+            text, found = parse_tool_calls(r.text)
+            return ({"content": text, "tool_calls": [c.wire() for c in found] or None},
+                    _tool_finish(r.finish_reason, found))
+
+        answers = [message(r) for r in results]
         return ChatCompletionResponse(
             **head, usage=serving.usage(prompts, results),
             speculative=serving.speculative_stats(spec, results),
-            choices=[{"index": i, "message": {"content": r.text}, "finish_reason": r.finish_reason,
+            choices=[{"index": i, "message": msg, "finish_reason": finish,
                       "logprobs": logprobs.chat_logprobs(engine, r.logprobs),
                       **({"provenance": provenance.wire(r.provenance)} if prov else {})}
-                     for i, r in enumerate(results)],
+                     for i, (r, (msg, finish)) in enumerate(zip(results, answers))],
         )
 
     return app
+
+
+def _tool_finish(reason: str, calls) -> str:
+    """OpenAI's ``finish_reason`` of an answer that may hold calls: ``tool_calls`` when it ended by itself
+    after calling a tool."""
+    return "tool_calls" if calls and reason == "stop" else reason
 
 
 async def _collect(choices: serving.Choices, raw: Request):
@@ -289,7 +321,7 @@ async def _stream(choices: serving.Choices, req, chunk, prompts, spec, content, 
 
     Args:
         chunk: ``(**fields) -> ChatCompletionChunk | CompletionChunk`` with the response's id and model.
-        content: ``(index, chunk) -> choice`` for a chunk with text or tokens.
+        content: ``(index, chunk) -> choice`` for a chunk with text or tokens (None: nothing to send yet).
         final: ``(index, finish_reason) -> choice`` for the last chunk of a choice.
         first: ``index -> choice`` sent before anything else (chat's role delta), or ``None``.
     """
@@ -309,7 +341,9 @@ async def _stream(choices: serving.Choices, req, chunk, prompts, spec, content, 
                 break
             # logprobs and provenance of tokens whose text is held back still go out
             if ev.text or ev.logprobs or (prov and ev.provenance):
-                yield chunk(choices=[content(i, ev)], **extra).wire()
+                choice = content(i, ev)
+                if choice is not None:
+                    yield chunk(choices=[choice], **extra).wire()
             if ev.finish_reason is not None:
                 results[i] = ev.result
                 yield chunk(choices=[final(i, ev.finish_reason)], **extra,

@@ -83,13 +83,54 @@ class TextPart(_Lenient):
     text: str | None = None
 
 
+class FunctionCallIn(_Lenient):
+    """A call an assistant made earlier in the conversation: ``arguments`` is JSON text (OpenAI's)."""
+
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCallIn(_Lenient):
+    """An item of an assistant message's ``tool_calls``."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessage(_Lenient):
-    """One chat message; extra fields (``name``, ``tool_calls``) are accepted and ignored. ``content`` may be
-    null (or absent) only in an assistant message with ``tool_calls``, as in OpenAI's API (refused with
-    the content's ``param`` when the messages are rendered)."""
+    """One chat message. ``content`` may be null (or absent) only in an assistant message with
+    ``tool_calls``, as in OpenAI's API (refused with the content's ``param`` when the messages are
+    rendered); a ``role: "tool"`` message answers a call (``tool_call_id``). Other extra fields
+    (``name``) are accepted and ignored."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDef(_Lenient):
+    """A tool's function: its name, what it does, and the JSON schema of its arguments."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = Field(None, description="Accepted; arguments always match the schema here.")
+
+
+class ToolDef(_Lenient):
+    """An item of ``tools``: only functions exist."""
+
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedToolChoice(_Lenient):
+    """``tool_choice`` naming the one function to call."""
+
+    type: Literal["function"]
+    function: dict[str, str]
 
 
 class CompletionRequest(_GenerationRequest):
@@ -109,7 +150,13 @@ class ChatCompletionRequest(_GenerationRequest):
     max_completion_tokens: int | None = Field(None, ge=1, description="Alias of max_tokens.")
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[Any] | None = None
+    tools: list[ToolDef] | None = Field(None, max_length=128, description=(
+        "Functions the model may call, shown to it by its chat template; every call it makes is valid JSON "
+        "matching the function's parameters (a grammar)."))
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(None, description=(
+        "none: text only; auto (the default with tools): text or calls; required: at least one call; "
+        '{"type": "function", "function": {"name": ...}}: that function.'))
+    parallel_tool_calls: bool = Field(True, description="Whether an answer may hold several calls.")
 
 
 # -- responses -------------------------------------------------------------------------------------
@@ -190,9 +237,31 @@ class CompletionResponse(BaseModel):
     speculative: SpeculativeStats | None = None
 
 
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str = Field(description="JSON text; cut short when finish_reason is length.")
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
 class AssistantMessage(BaseModel):
+    """The answer: ``content`` (null when the answer is tool calls only) and ``tool_calls`` (left out
+    when there are none)."""
+
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_no_calls(self, handler):
+        data = handler(self)
+        if data.get("tool_calls") is None:
+            data.pop("tool_calls", None)
+        return data
 
 
 class ChatChoice(_ChoiceBase):
@@ -215,15 +284,18 @@ class ChatCompletionResponse(BaseModel):
 # -- stream chunks ---------------------------------------------------------------------------------
 
 class Delta(BaseModel):
-    """A streamed message delta: ``{"role": "assistant", "content": ""}`` first, then ``{"content": ...}``,
-    ``{}`` with the finish reason. Absent keys are left out, as OpenAI does."""
+    """A streamed message delta: ``{"role": "assistant", "content": ""}`` first, then ``{"content": ...}``
+    and ``{"tool_calls": [...]}`` (a call's ``index``, ``id``, ``type`` and name first, then pieces of its
+    ``arguments``), ``{}`` with the finish reason. Absent keys are left out, as OpenAI does."""
 
     role: str | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
     @model_serializer
-    def _drop_none(self) -> dict[str, str]:
-        return {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
+    def _drop_none(self) -> dict[str, Any]:
+        return {k: v for k, v in (("role", self.role), ("content", self.content), ("tool_calls", self.tool_calls))
+                if v is not None}
 
 
 class ChatChunkChoice(_ChoiceBase):

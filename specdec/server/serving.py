@@ -30,6 +30,7 @@ from specdec.server.protocol import (
 )
 from specdec.params import SamplingParams, SpecConfig
 from specdec.stats import acceptance_rate, mean_accepted_length
+from specdec.tools import EMPTY_PARAMETERS, Function, HermesFormat, template_arguments
 from specdec.types import GenerationResult
 
 log = logging.getLogger(__name__)
@@ -103,16 +104,75 @@ def refuse_unsupported(req: CompletionRequest | ChatCompletionRequest) -> None:
         best_of = req.best_of not in (None, 1, req.n) and req.best_of
         bad = [("echo", req.echo), ("suffix", req.suffix), ("best_of", best_of)]
     else:
-        bad = [("tools", req.tools)]
+        bad = []
     for name, value in bad:
         if value:
             raise APIError(400, f"{name} is not supported by this server yet", param=name)
 
 
-def grammar_of(req: CompletionRequest | ChatCompletionRequest):
+@dataclass(frozen=True)
+class ToolPlan:
+    """A chat request's tools.
+
+    Attributes:
+        functions: The functions, in the request's order.
+        choice: ``"none"``, ``"auto"``, ``"required"`` or a function's name.
+        parallel: ``parallel_tool_calls``.
+    """
+
+    functions: tuple[Function, ...]
+    choice: str
+    parallel: bool
+
+    @property
+    def calls(self) -> bool:
+        """Whether the answer may hold calls (and is parsed for them)."""
+        return self.choice != "none"
+
+    def tools(self) -> list[dict] | None:
+        """The tools the chat template shows the model (none for ``tool_choice="none"``, as vLLM's
+        ``--exclude-tools-when-tool-choice-none``: a model shown tools may call them anyway)."""
+        return [f.tool() for f in self.functions] if self.calls else None
+
+
+def tool_plan(req: ChatCompletionRequest) -> ToolPlan | None:
+    """The request's ``tools``, ``tool_choice`` and ``parallel_tool_calls``, checked; None without tools.
+
+    Raises:
+        APIError: 400 naming the field: a function with a bad name or schema, two functions of one name,
+            ``tool_choice`` without tools or naming a function that is not one of them.
+    """
+    choice = req.tool_choice
+    if not req.tools:
+        if choice is not None and choice != "none":
+            raise APIError(400, "tool_choice needs tools", param="tool_choice")
+        return None
+    functions = []
+    for i, tool in enumerate(req.tools):
+        fn = tool.function
+        try:
+            functions.append(Function(fn.name, EMPTY_PARAMETERS if fn.parameters is None else fn.parameters,
+                                      fn.description or ""))
+        except ValueError as e:
+            raise APIError(400, f"tools.{i}.function: {e}", param=f"tools.{i}.function") from None
+    names = [f.name for f in functions]
+    if len(set(names)) < len(names):
+        raise APIError(400, "tools: two functions have the same name", param="tools")
+    if choice is None:
+        choice = "auto"
+    elif not isinstance(choice, str):
+        name = choice.function.get("name")
+        if name not in names:
+            raise APIError(400, f"tool_choice names the function {name!r}, which is not one of the tools",
+                           param="tool_choice")
+        choice = name
+    return ToolPlan(tuple(functions), choice, req.parallel_tool_calls)
+
+
+def grammar_of(req: CompletionRequest | ChatCompletionRequest, tools: ToolPlan | None = None):
     """The request's structured-output constraint (:class:`~specdec.grammar.GrammarSpec`) from OpenAI's
-    ``response_format`` or vLLM's ``guided_json`` / ``guided_regex`` / ``guided_grammar``; ``None`` for
-    free text.
+    ``response_format``, its ``tools`` (calls valid against their schemas: :mod:`specdec.tools`) or vLLM's
+    ``guided_json`` / ``guided_regex`` / ``guided_grammar``; ``None`` for free text.
 
     Raises:
         APIError: 400 naming the field, for an unknown format, a missing or invalid schema or grammar, or
@@ -148,6 +208,8 @@ def grammar_of(req: CompletionRequest | ChatCompletionRequest):
     for name in UNSUPPORTED_GUIDED:
         if extra.get(name) is not None:
             raise APIError(400, f"{name} is not supported by this server", param=name)
+    if tools is not None and tools.calls:
+        given.insert(0, ("tools", lambda: HermesFormat().grammar(tools.functions, tools.choice, tools.parallel)))
     if len(given) > 1:
         raise APIError(400, f"give one constraint, not {' and '.join(n for n, _ in given)}", param=given[1][0])
     if not given:
@@ -263,13 +325,19 @@ def tokenize_completion_prompts(engine, prompt) -> list[list[int]]:
     return out
 
 
-def tokenize_chat(engine, messages) -> list[int]:
-    """Render the messages with the target's chat template and tokenize: control tokens are parsed in the
-    template's markup only, never in a message's content (:meth:`Engine.encode_chat`)."""
+def tokenize_chat(engine, messages, tools: ToolPlan | None = None) -> list[int]:
+    """Render the messages (and the tools the model is shown) with the target's chat template and tokenize:
+    control tokens are parsed in the template's markup only, never in a message's content, and tools or
+    earlier calls holding a control token's text are refused (:meth:`Engine.encode_chat`).
+
+    Raises:
+        APIError: 400 for a message without content, a call whose arguments are not JSON, a template
+            that fails, or tools with a model whose chat template has no tool-call format this server knows.
+    """
     rendered = []
     for i, m in enumerate(messages):
         content = m.content
-        if content is None and not (m.role == "assistant" and (m.model_extra or {}).get("tool_calls")):
+        if content is None and not (m.role == "assistant" and m.tool_calls):
             raise APIError(400, f"messages.{i}.content: a {m.role} message needs content (null only in an "
                            "assistant message with tool_calls)", param=f"messages.{i}.content")
         if isinstance(content, list):
@@ -277,13 +345,27 @@ def tokenize_chat(engine, messages) -> list[int]:
                 raise APIError(400, "only text content parts are supported", param="messages")
             content = "".join(p.text for p in content)
         _check_unicode(content or "", "messages")
-        rendered.append({"role": m.role, "content": content or ""})
+        message: dict = {"role": m.role, "content": content or ""}
+        if m.tool_calls:
+            try:
+                message["tool_calls"] = template_arguments([c.model_dump(exclude_none=True) for c in m.tool_calls])
+            except ValueError as e:
+                raise APIError(400, f"messages.{i}.{e}", param=f"messages.{i}.tool_calls") from None
+        if m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
+        rendered.append(message)
+    shown = tools.tools() if tools is not None else None
     try:
-        return engine.encode_chat(rendered)
+        known = not shown or HermesFormat.detect(engine.render_chat([{"role": "user", "content": "?"}], tools=shown))
+        ids = engine.encode_chat(rendered, tools=shown)
     except ValueError as e:
         raise APIError(400, str(e), param="messages") from None
     except Exception as e:  # a template may raise anything on odd input
         raise APIError(400, f"the chat template failed on these messages: {e}", param="messages") from None
+    if not known:
+        raise APIError(400, "tools: this model's chat template does not show tools in a format this server "
+                       "knows (Qwen2.5's and Hermes' <tool_call>)", param="tools")
+    return ids
 
 
 def _check_unicode(text: str, param: str) -> None:

@@ -1,0 +1,326 @@
+"""Tool calls (OpenAI's ``tools`` / ``tool_choice``) in the model's own format, constrained by a grammar.
+
+A model learns one way of calling tools from its chat template: Qwen2.5 (and Hermes, and the many models
+trained on its format) is shown the functions as JSON inside ``<tools></tools>`` and answers::
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+This module knows that format (:class:`HermesFormat`): the grammar that makes every call valid against its
+function's JSON schema (:meth:`HermesFormat.grammar`, a Lark grammar for llguidance), and the parser that
+turns the model's text into OpenAI's ``tool_calls``, whole (:func:`parse_tool_calls`) or while it streams
+(:class:`ToolCallStream`: the call's name as soon as it is written, then its ``arguments`` as they grow).
+
+The grammar is the contract of the parser: inside a call the JSON layout is fixed (one line, ``", "`` and
+``": "``, ``name`` before ``arguments``), so the parser never guesses. With ``tool_choice="auto"`` the
+model may write text instead: the call's opening tag is a lazy lexeme (llguidance), so text runs until the
+model writes ``<tool_call>``, and from there it must write a call. ``"required"`` and a named function make
+the answer start with a call. Everything stays lossless: the grammar is a mask on the target's distribution
+(:mod:`specdec.grammar`), applied with speculation exactly as any other grammar.
+
+Knows JSON schemas, strings and :mod:`specdec.grammar`; not models, HTTP or the chat template's engine.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Literal, Sequence
+
+from specdec.grammar import JSON_LAYOUT, GrammarSpec
+
+NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+"""OpenAI's rule for a function's name."""
+
+EMPTY_PARAMETERS: dict = {"type": "object", "properties": {}}
+"""A function declared without ``parameters`` takes none."""
+
+
+@dataclass(frozen=True)
+class Function:
+    """A tool the model may call.
+
+    Attributes:
+        name: ``[a-zA-Z0-9_-]{1,64}``.
+        parameters: JSON schema of the arguments (an object schema).
+        description: What it does, shown to the model.
+
+    Raises:
+        ValueError: for a bad name, or parameters that are not a valid JSON schema of an object.
+    """
+
+    name: str
+    parameters: dict = field(default_factory=lambda: dict(EMPTY_PARAMETERS))
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not NAME_PATTERN.match(self.name):
+            raise ValueError(f"function name {self.name!r} must be 1-64 letters, digits, '_' or '-'")
+        if not isinstance(self.parameters, dict):
+            raise ValueError(f"function {self.name}: parameters must be a JSON schema (an object)")
+        if self.parameters.get("type", "object") != "object":
+            raise ValueError(f"function {self.name}: parameters must describe an object (type \"object\")")
+        import jsonschema
+
+        try:
+            jsonschema.validators.validator_for(self.parameters).check_schema(self.parameters)
+        except jsonschema.SchemaError as e:
+            raise ValueError(f"function {self.name}: parameters is not a valid JSON schema: {e.message}") from None
+
+    def tool(self) -> dict:
+        """The function in OpenAI's ``tools`` shape, as chat templates read it."""
+        fn: dict[str, Any] = {"name": self.name}
+        if self.description:
+            fn["description"] = self.description
+        fn["parameters"] = self.parameters
+        return {"type": "function", "function": fn}
+
+
+ToolChoice = Literal["none", "auto", "required"] | str
+"""``"none"`` (text only), ``"auto"`` (text or calls), ``"required"`` (at least one call), or the name of
+the one function to call."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model made.
+
+    Attributes:
+        name: The function's name.
+        arguments: Its arguments as JSON text (OpenAI's convention); cut short when the output was.
+        complete: False when the output ended inside the call (``finish_reason="length"``).
+        id: ``call_...``, unique per call.
+    """
+
+    name: str
+    arguments: str
+    complete: bool = True
+    id: str = field(default_factory=lambda: f"call_{secrets.token_hex(12)}")
+
+    def wire(self, index: int | None = None) -> dict:
+        """OpenAI's ``tool_calls`` item (``index`` as streamed chunks carry it)."""
+        out: dict[str, Any] = {} if index is None else {"index": index}
+        return {**out, "id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+class HermesFormat:
+    """Qwen2.5's (Hermes') tool-call format: ``<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>``.
+
+    Qwen2.5-Coder often writes its calls as a JSON code block instead (``` ```json\n{"name": ...,
+    "arguments": ...}\n``` ```), as llama.cpp's Hermes handler also accepts: with ``tool_choice="auto"`` a
+    code block that opens with ``{"name": "`` is a call too (any whitespace, the model's own layout), while
+    other code blocks stay text. ``"required"`` and a named function are answered in the template's own form.
+    """
+
+    OPEN = "<tool_call>"
+    CLOSE = "</tool_call>"
+    HEAD = re.compile(r'\n\{"name": "((?:[^"\\]|\\.)*)", "arguments": ')
+    TAIL = "}\n" + CLOSE
+    CODE_OPEN = re.compile(r'```json\n\{[ \t\n]*"name"[ \t\n]*:[ \t\n]*"')
+    CODE_HEAD = re.compile(r'((?:[^"\\]|\\.)*)"[ \t\n]*,[ \t\n]*"arguments"[ \t\n]*:[ \t\n]*')
+    CODE_TAIL = re.compile(r'[ \t\n]*\}[ \t\n]*```')
+
+    @staticmethod
+    def detect(rendered: str) -> bool:
+        """Whether a chat template's rendering of a conversation with tools uses this format."""
+        return HermesFormat.OPEN in rendered and HermesFormat.CLOSE in rendered
+
+    def grammar(self, functions: Sequence[Function], choice: ToolChoice, parallel: bool = True) -> GrammarSpec:
+        """The Lark grammar (llguidance's dialect) of an answer under ``choice``.
+
+        ``"auto"``: text, or calls each after any text (the opening is a lazy lexeme: text runs until the
+        first opening, and from there a call must follow), then any text. ``"required"``: one call (more
+        with ``parallel``), opened at once. A function's name: that function's call.
+
+        Args:
+            functions: The request's tools (at least one).
+            choice: ``"auto"``, ``"required"`` or a function's name (``"none"`` needs no grammar).
+            parallel: Whether several calls may follow one another (OpenAI's ``parallel_tool_calls``).
+
+        Raises:
+            ValueError: for an unknown function name, ``"none"``, or no functions.
+        """
+        if choice == "none" or not functions:
+            raise ValueError("a tool grammar needs tool_choice auto, required or a function, and tools")
+        if choice not in ("auto", "required"):
+            functions = [f for f in functions if f.name == choice]
+            if not functions:
+                raise ValueError(f"tool_choice names {choice!r}, which is not one of the tools")
+        n = range(len(functions))
+        lines = ["%llguidance {}"]
+        if choice == "auto":
+            lines += [f"start: TEXT | call{'+' if parallel else ''} TEXT?",
+                      "call: tag_open tag_body | code_open code_body",
+                      f"tag_open[lazy]: TEXT {json.dumps(self.OPEN)}",
+                      f"code_open[lazy]: TEXT /{self.CODE_OPEN.pattern}/",
+                      "code_body: " + " | ".join(f"code_{i}" for i in n),
+                      r"WS: /[ \t\n]+/", r"TEXT: /(.|\n)*/"]
+            for i, f in enumerate(functions):
+                args = {**f.parameters, "x-guidance": {"whitespace_flexible": True}}
+                lines.append(f'code_{i}: {json.dumps(f.name + chr(34))} WS? "," WS? "\\"arguments\\"" WS? ":" WS? '
+                             f'%json{json.dumps(args)} WS? "}}" WS? "```"')
+        else:
+            more = f' ("\\n" {json.dumps(self.OPEN)} tag_body)*' if parallel else ""
+            lines.append(f"start: {json.dumps(self.OPEN)} tag_body{more}")
+        lines.append("tag_body: " + " | ".join(f"tag_{i}" for i in n))
+        for i, f in enumerate(functions):
+            schema = {"type": "object", "properties": {"name": {"const": f.name}, "arguments": f.parameters},
+                      "required": ["name", "arguments"], "additionalProperties": False, "x-guidance": JSON_LAYOUT}
+            lines.append(f'tag_{i}: "\\n" %json{json.dumps(schema)} "\\n{self.CLOSE}"')
+        return GrammarSpec("lark", "\n".join(lines) + "\n")
+
+    def next_opening(self, text: str, pos: int) -> tuple[int, int, bool] | None:
+        """The first call opening in ``text`` from ``pos``: ``(start, end, is_code_block)``, or None."""
+        tag = text.find(self.OPEN, pos)
+        code = self.CODE_OPEN.search(text, pos)
+        if code is not None and (tag < 0 or code.start() < tag):
+            return code.start(), code.end(), True
+        return (tag, tag + len(self.OPEN), False) if tag >= 0 else None
+
+    def may_open(self, tail: str) -> bool:
+        """Whether ``tail`` (the end of the text so far) may grow into a call's opening."""
+        if self.OPEN.startswith(tail) or "```".startswith(tail):
+            return True
+        if not tail.startswith("```"):
+            return False
+        rest = tail[3:]
+        if "json\n{".startswith(rest):
+            return True
+        return rest.startswith("json\n{") and re.fullmatch(r'[ \t\n]*(?:"(?:n(?:a(?:m(?:e(?:"[ \t\n]*(?::[ \t\n]*)?)?)?)?)?)?)?',
+                                                          rest[6:]) is not None
+
+
+class ToolCallStream:
+    """Turns the text of an answer, as it arrives, into content and tool-call deltas.
+
+    Text outside calls is content (an end that may become a call's opening is held back). A call's name
+    goes out once its head is complete; its arguments as they grow in the template's own form (the call's
+    closing ``}`` and tag held back), whole once complete in a code block. Assumes the layouts
+    :meth:`HermesFormat.grammar` enforces.
+    """
+
+    def __init__(self, fmt: HermesFormat | None = None):
+        self.fmt = fmt or HermesFormat()
+        self.text = ""
+        self.calls: list[ToolCall] = []
+        self.outside: list[str] = []  # the text outside calls, in pieces
+        self._sent = 0  # characters of text scanned as content
+        self._args_sent: list[int] = []
+
+    def feed(self, text: str) -> tuple[str, list[dict]]:
+        """Add text; return ``(content delta, tool_calls deltas)`` (OpenAI's streamed shapes)."""
+        self.text += text
+        return self._advance(final=False)
+
+    def finish(self) -> tuple[str, list[dict]]:
+        """The end of the answer: whatever was held back."""
+        return self._advance(final=True)
+
+    @property
+    def content(self) -> str | None:
+        """The answer's text outside calls (None when that is only whitespace and there are calls)."""
+        text = "".join(self.outside)
+        return (text.strip() or None) if self.calls else text
+
+    def _advance(self, final: bool) -> tuple[str, list[dict]]:
+        f, text = self.fmt, self.text
+        content: list[str] = []
+        deltas: list[dict] = []
+        pos, i = 0, 0
+        while True:
+            found = f.next_opening(text, pos)
+            stop = found[0] if found else len(text)
+            if found is None and not final:
+                stop = next((j for j in range(max(pos, len(text) - 40), len(text)) if f.may_open(text[j:])), stop)
+            if stop > self._sent:
+                piece = text[max(pos, self._sent):stop]
+                content.append(piece)
+                self.outside.append(piece)
+                self._sent = stop
+            if found is None:
+                break
+            start, opened, code = found
+            parsed = self._call(text, opened, code, final)
+            if parsed is None:  # the head is not complete yet
+                break
+            name, args, end = parsed
+            if i == len(self.calls):
+                self.calls.append(ToolCall(name, args, complete=end is not None))
+                self._args_sent.append(0)
+                deltas.append({"index": i, "id": self.calls[i].id, "type": "function",
+                               "function": {"name": name, "arguments": ""}})
+            self.calls[i] = ToolCall(name, args, complete=end is not None, id=self.calls[i].id)
+            if len(args) > self._args_sent[i]:
+                deltas.append({"index": i, "function": {"arguments": args[self._args_sent[i]:]}})
+                self._args_sent[i] = len(args)
+            if end is None:
+                self._sent = len(text)
+                break
+            pos, self._sent = end, max(self._sent, end)
+            i += 1
+        return "".join(content), deltas
+
+    def _call(self, text: str, opened: int, code: bool, final: bool) -> tuple[str, str, int | None] | None:
+        """``(name, arguments so far, end of the call or None)`` of the call opened at ``opened``, or None
+        while its head is incomplete."""
+        f = self.fmt
+        m = (f.CODE_HEAD if code else f.HEAD).match(text, opened)
+        if m is None:
+            return None
+        name = json.loads(f'"{m.group(1)}"')
+        if code:  # arguments go out whole: the model's own layout, any whitespace
+            try:
+                value, after = json.JSONDecoder().raw_decode(text, m.end())
+            except ValueError:
+                return name, text[m.end():] if final else "", None
+            tail = f.CODE_TAIL.match(text, after)
+            if tail is None:
+                return name, text[m.end():after] if final else "", None
+            return name, text[m.end():after], tail.end()
+        close = text.find(f.TAIL, m.end())  # a TAIL inside the JSON would have its newline escaped
+        if close >= 0:
+            return name, text[m.end():close], close + len(f.TAIL)
+        args = text[m.end():]
+        return name, args if final else args[: len(args) - _held(args, f.TAIL)], None
+
+
+def _held(text: str, tag: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``tag`` (it may become the tag)."""
+    for n in range(min(len(text), len(tag) - 1), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
+
+
+def parse_tool_calls(text: str, fmt: HermesFormat | None = None) -> tuple[str | None, list[ToolCall]]:
+    """``(content, calls)`` of a whole answer: the text before the first call (None when empty and there
+    are calls) and the calls in order (a call cut short by ``max_tokens`` has ``complete=False``)."""
+    stream = ToolCallStream(fmt)
+    stream.feed(text)
+    stream.finish()
+    return stream.content, stream.calls
+
+
+def template_arguments(tool_calls: Sequence[dict]) -> list[dict]:
+    """An assistant message's ``tool_calls`` as chat templates read them: ``arguments`` parsed from its
+    JSON text into an object (Qwen2.5's template writes ``arguments | tojson``), as vLLM does.
+
+    Raises:
+        ValueError: for a call without a function name, or arguments that are not JSON.
+    """
+    out = []
+    for j, call in enumerate(tool_calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ValueError(f"tool_calls.{j}: needs function.name")
+        args = fn.get("arguments", "{}")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args or "{}")
+            except ValueError:
+                raise ValueError(f"tool_calls.{j}.function.arguments is not JSON") from None
+        out.append({**call, "function": {**fn, "arguments": args}})
+    return out
