@@ -27,6 +27,10 @@ on the best speculative option to refresh the acceptance estimate
 Unmeasured sizes: between measured sizes ``S`` is interpolated; beyond the largest measured size it is
 bounded below by that size's time (scoring more tokens never costs less). Decisions use this optimistic
 bound, so a size that could pay is tried once and then known (optimism in the face of uncertainty).
+Timings taken under other conditions (the plain step's cost has since moved by a large factor, or a size has
+not been measured for a while) are forgotten and so become unmeasured sizes again, explored as by a fresh
+engine (:mod:`specdec.policy.refresh`): what was learned while the machine was busy does not outlive the busy
+spell.
 
 Under batching (the server's scheduler) one call scores several sequences; it is recorded as ``S(n)``
 with ``n`` the call's TOTAL tokens, decode steps and prompt chunks alike, because on a compute-bound CPU a
@@ -76,6 +80,7 @@ import numpy as np
 
 from specdec.policy.acceptance import ACCEPT_PRIOR, REQUEST_STRENGTH, AcceptanceStats, Calibration, expected_tokens
 from specdec.policy.batch_cost import SharedCallCost
+from specdec.policy.refresh import AGE_N_MAX, RefreshSchedule, plain_level
 from specdec.policy.timing import CALL_N_MAX, TimingTable
 from specdec.types import ALONE, Load
 
@@ -140,6 +145,9 @@ class CostModel:
         self._priced_extension: dict[bool, float] = {}  # greedy -> beta when the curve last changed
         self._reach: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # (greedy, B, shared?) -> (C(B+1+x), x)
         self._reach_version = -1  # the _version _reach was priced at (reach_thresholds)
+        self.refresh = RefreshSchedule()
+        """The clock and horizon by which timings taken under other conditions are forgotten
+        (:mod:`specdec.policy.refresh`)."""
 
     # -- feedback -------------------------------------------------------------------------------
     def observe_step(self, report) -> None:
@@ -167,12 +175,41 @@ class CostModel:
         and recomputing the curve for each tiny move of an average was a sizeable share of ``auto``'s own
         time on a plain step (measured with :mod:`specdec.bench.overhead`: ``docs/bench/README.md``, section
         "What ``auto`` costs when it does not speculate")."""
+        table, refresh = self.target[greedy], self.refresh
+        due = refresh.tick()
+        refresh.remeasured(table, n, seconds)
+        if table.observe(n, seconds, refresh.now, math.nan if n == 1 else plain_level(table)):
+            self._reprice(greedy, n)
+        if due:
+            self._forget_stale()
+
+    def _reprice(self, greedy: bool, n: int) -> None:
+        """Bump :attr:`version` when size ``n``'s mean is new or moved (see :meth:`observe_target`)."""
         table = self.target[greedy]
-        if not table.observe(n, seconds):
-            return
         mean, seen = float(table.mean[n]), self._priced.get((greedy, n))
         if seen is None or table.count[n] <= 3 or abs(mean - seen) > CURVE_TOLERANCE * seen:
             self._priced[(greedy, n)] = mean
+            self._version += 1
+
+    def _plain_level(self) -> float:
+        """Seconds of a plain call now, the level drafters' timings are taken at: greedy ``S(1)`` when measured
+        (as :meth:`step_seconds` falls back), else sampling's; NaN before either."""
+        level = plain_level(self.target[True])
+        return plain_level(self.target[False]) if math.isnan(level) else level
+
+    def _forget_stale(self) -> None:
+        """Forget the timings taken under other conditions (:mod:`specdec.policy.refresh`): target sizes
+        against their table's ``S(1)``, drafters' against :meth:`_plain_level`; the priced curve follows."""
+        level = self._plain_level()
+        tables = [(t, plain_level(t), AGE_N_MAX) for t in self.target.values()]
+        tables += [(t, level, 1) for pair in self.draft_timing.values() for t in pair]
+        forgot = self.refresh.review(tables)
+        for greedy, table in self.target.items():
+            for t, sizes in forgot:
+                if t is table:
+                    for n in sizes:
+                        self._priced.pop((greedy, int(n)), None)
+        if forgot:
             self._version += 1
 
     def observe_shared(self, n_tokens: int, n_sequences: int, n_prompt: int, seconds: float, greedy: bool) -> None:
@@ -201,12 +238,14 @@ class CostModel:
         if k <= 0:
             return
         token, up = self._draft_tables(drafter)
+        now, level = self.refresh.now, self._plain_level()
         if catchup <= 2:
-            token.observe(1, seconds / k)
+            self.refresh.remeasured(token, 1, seconds / k)
+            token.observe(1, seconds / k, now, level)
         elif catchup >= 8 and token.measured:
             rest = seconds - k * token.estimate(1)
             if rest > 0:
-                up.observe(1, rest / (catchup - 1))
+                up.observe(1, rest / (catchup - 1), now, level)
 
     def step_seconds(self, n: int, greedy: bool, optimistic: bool = False) -> float:
         """``S(n)``: predicted seconds of one target call scoring ``n`` tokens; NaN if unknown."""

@@ -17,7 +17,10 @@ class TimingTable:
 
     Each size keeps an exponentially weighted mean (weight ``alpha`` for a new sample). Once a size
     has three samples, a new one is clipped to [0.5x, 2x] of the mean, so a burst of load from another
-    process moves the estimate only a little.
+    process moves the estimate only a little. A lasting change of load is the owner's to notice: each size
+    remembers when it was last sampled (``seen``, on the owner's clock) and what a plain call cost then
+    (``level``), and the owner forgets (:meth:`forget`) the sizes measured under other conditions
+    (:mod:`specdec.policy.refresh`), which are then learned again as if new.
 
     Args:
         n_max: Largest size tracked; larger calls (prefills) are ignored.
@@ -29,13 +32,18 @@ class TimingTable:
         self.alpha = alpha
         self.mean = np.zeros(n_max + 1)  # [n_max+1] float64 seconds; index 0 unused
         self.count = np.zeros(n_max + 1, dtype=np.int64)
+        self.seen = np.zeros(n_max + 1, dtype=np.int64)  # [n_max+1] the owner's clock (target calls) at the last sample
+        self.level = np.full(n_max + 1, math.nan)  # [n_max+1] seconds of a plain call when last sampled (NaN: unknown)
+        self.dropped = np.zeros(n_max + 1)  # [n_max+1] seconds: the mean when last forgotten (0: never forgotten)
         self._measured = False  # any count > 0 (asked several times a step: a 4,096-entry scan each time)
 
-    def observe(self, n: int, seconds: float) -> bool:
+    def observe(self, n: int, seconds: float, now: int = 0, level: float = math.nan) -> bool:
         """Record one call of size ``n`` that took ``seconds``; False when ignored (a size out of range, no
-        time)."""
+        time). ``now``: the owner's clock (target calls so far); ``level``: seconds of a plain call now (NaN:
+        not known, or ``n`` is the plain call itself), both kept for :meth:`stale`."""
         if not 1 <= n <= self.n_max or not seconds > 0:
             return False
+        self.seen[n], self.level[n] = now, level
         if self.count[n] == 0:
             self.mean[n] = seconds
         else:
@@ -45,6 +53,31 @@ class TimingTable:
         self.count[n] += 1
         self._measured = True
         return True
+
+    def stale(self, now: int, horizon: int, level: float, factor: float, n_age: int) -> tuple[np.ndarray, np.ndarray]:
+        """Sizes measured under other conditions: ``(aged, drifted)``, each ``[m] int64``.
+
+        Args:
+            now: The owner's clock (target calls so far).
+            horizon: A size ``n <= n_age`` not sampled for more than this many calls is aged.
+            level: Seconds of a plain call now (NaN: unknown, nothing drifts).
+            factor: A size sampled when a plain call cost more than ``factor`` times ``level``, or less than
+                ``level / factor``, has drifted.
+            n_age: Largest size that ages (larger ones are measured under other conditions only by drift).
+        """
+        sizes = np.flatnonzero(self.count)
+        with np.errstate(invalid="ignore"):
+            ratio = self.level[sizes] / level
+            drifted = (ratio > factor) | (ratio < 1.0 / factor)  # False where either level is NaN
+        aged = ~drifted & (sizes <= n_age) & (now - self.seen[sizes] > horizon)
+        return sizes[aged], sizes[drifted]
+
+    def forget(self, sizes: np.ndarray) -> None:
+        """Drop ``sizes`` (``[m] int``): estimated from the other sizes until sampled again, then learned as a
+        new size (no clipping to the forgotten mean); their last means stay in :attr:`dropped`."""
+        self.dropped[sizes] = self.mean[sizes]
+        self.count[sizes], self.mean[sizes] = 0, 0.0
+        self._measured = bool(self.count.any())
 
     @property
     def measured(self) -> bool:

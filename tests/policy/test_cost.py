@@ -260,7 +260,8 @@ def test_auto_and_hybrid_match_plain_on_the_real_pair():
             assert first_divergence(plain.token_ids, res.token_ids) >= safe, (p.category, method)
             assert res.stats.adaptive["steps"]
     assert engine.cost.target[True].count[1] > 0
-    assert engine.cost.draft_token.count[1] > 0  # hybrid drafted with the draft model on the qa prompt
+    token = engine.cost.draft_token  # hybrid drafted with the draft model on the qa prompt: timed (and, if the
+    assert token.count[1] > 0 or token.dropped[1] > 0  # machine's load moved since, forgotten: policy/refresh.py)
 
 
 def test_auto_slow_start_caps_a_new_requests_blocks():
