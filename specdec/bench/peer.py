@@ -218,12 +218,15 @@ class LlamaServer(ServerProcess):
         super().__init__(cmd, env, log_path, timeout)
 
     def complete(self, prompt_ids: Sequence[int], max_tokens: int, temperature: float = 0.0,
-                 seed: int = 0) -> PeerResult:
+                 seed: int = 0, json_schema: dict | None = None) -> PeerResult:
         """One ``/completion`` of the prompt's token ids; pure temperature sampling when > 0 (top-k,
-        top-p and min-p off, as specdec's defaults), greedy otherwise; no prompt cache reuse."""
+        top-p and min-p off, as specdec's defaults), greedy otherwise; no prompt cache reuse; the answer
+        constrained to ``json_schema`` when given (llama-server's own grammar)."""
         body = {"prompt": [int(t) for t in prompt_ids], "n_predict": max_tokens, "temperature": temperature,
                 "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": seed, "cache_prompt": False,
                 "return_tokens": True, "stream": False}
+        if json_schema is not None:
+            body["json_schema"] = json_schema
         req = urllib.request.Request(f"{self.url}/completion", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=600) as r:

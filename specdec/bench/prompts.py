@@ -4,7 +4,9 @@ and HumanEval three times, as "complete" (write the function from its signature 
 (rewrite given code with type hints and return all of it: an input-grounded task, like an editor's
 apply-edit) and "repeated-task" (the same structured-extraction instruction over other functions, one
 after another: requests that share the shape of their answers, as an agent's or a pipeline's do; the bench
-keeps the engine's cross-request suffix cache on for this category only, see :mod:`specdec.bench.runner`).
+keeps the engine's cross-request suffix cache on for this category only, see :mod:`specdec.bench.runner`),
+and "structured": answers constrained to a JSON schema (extraction from Spec-Bench texts, descriptions of
+HumanEval functions) or to tool calls (:data:`BENCH_TOOLS`), in turn.
 
 Spec-Bench (Xia et al. 2024, arXiv 2401.07851; ``question.jsonl``): ``mt_bench`` (the 80 MT-bench
 questions, 8 sub-categories), ``translation``, ``summarization``, ``qa``, ``math_reasoning``, ``rag``.
@@ -25,7 +27,10 @@ MULTI_TURN = "multi-turn"
 REPEATED_TASK = "repeated-task"
 """The same instruction over different inputs, answered one after another (cross-request copying)."""
 HUMANEVAL_CATEGORIES = ("complete", "code-edit", REPEATED_TASK)
-CATEGORIES = SPEC_BENCH_CATEGORIES + (MULTI_TURN,) + HUMANEVAL_CATEGORIES
+STRUCTURED = "structured"
+"""Constrained answers: JSON extraction by schema from Spec-Bench texts and HumanEval functions, and tool calls
+(:data:`BENCH_TOOLS`, ``tool_choice="required"``), in turn."""
+CATEGORIES = SPEC_BENCH_CATEGORIES + (MULTI_TURN,) + HUMANEVAL_CATEGORIES + (STRUCTURED,)
 _MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 
 COMPLETE_TEMPLATE = "Complete this Python function. Return the whole function in a Python code block.\n\n{code}"
@@ -38,6 +43,66 @@ REPEATED_TEMPLATE = (
     'with "name" and "type"), "returns" (the return type) and "summary" (one sentence). Return only the JSON '
     "in a code block.\n\n```python\n{code}```"
 )
+EXTRACT_TEMPLATE = (
+    "Extract from this request and its text, as JSON: its topic, the people and the places it names (at most "
+    "five each, as written) and up to three key facts.\n\n{text}"
+)
+EXTRACT_SCHEMA = {"type": "object", "properties": {
+    "topic": {"type": "string", "maxLength": 100},
+    "people": {"type": "array", "items": {"type": "string", "maxLength": 60}, "maxItems": 5},
+    "places": {"type": "array", "items": {"type": "string", "maxLength": 60}, "maxItems": 5},
+    "key_facts": {"type": "array", "items": {"type": "string", "maxLength": 200}, "maxItems": 3},
+}, "required": ["topic", "people", "places", "key_facts"], "additionalProperties": False}
+FUNCTION_TEMPLATE = "Describe this Python function as JSON.\n\n```python\n{code}```"
+FUNCTION_SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 60},
+    "parameters": {"type": "array", "maxItems": 8, "items": {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 40}, "type": {"type": "string", "maxLength": 60}},
+        "required": ["name", "type"], "additionalProperties": False}},
+    "returns": {"type": "string", "maxLength": 60},
+    "summary": {"type": "string", "maxLength": 300},
+}, "required": ["name", "parameters", "returns", "summary"], "additionalProperties": False}
+
+
+def _function(name: str, description: str, properties: dict, required: list[str]) -> dict:
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": properties, "required": required, "additionalProperties": False}}}
+
+
+_STR = {"type": "string", "maxLength": 200}
+BENCH_TOOLS = (
+    _function("get_weather", "Current weather and forecast for a city.",
+              {"city": _STR, "days": {"type": "integer", "minimum": 1, "maximum": 7},
+               "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, ["city"]),
+    _function("search_web", "Search the web; returns the top results' titles and snippets.",
+              {"query": _STR, "max_results": {"type": "integer", "minimum": 1, "maximum": 10}}, ["query"]),
+    _function("run_python", "Run Python code in a sandbox and return its standard output.",
+              {"code": {"type": "string", "maxLength": 1000}}, ["code"]),
+    _function("send_email", "Send an email.", {"to": _STR, "subject": _STR, "body": {"type": "string", "maxLength": 800}},
+              ["to", "subject", "body"]),
+    _function("create_event", "Add an event to the user's calendar.",
+              {"title": _STR, "date": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
+               "time": {"type": "string", "pattern": "^[0-9]{2}:[0-9]{2}$"}, "attendees": {
+                   "type": "array", "items": _STR, "maxItems": 10}}, ["title", "date"]),
+    _function("convert_currency", "Convert an amount between currencies at today's rate.",
+              {"amount": {"type": "number"}, "from_currency": {"type": "string", "pattern": "^[A-Z]{3}$"},
+               "to_currency": {"type": "string", "pattern": "^[A-Z]{3}$"}}, ["amount", "from_currency", "to_currency"]),
+)
+"""The tools of the ``structured`` category's tool-call prompts (OpenAI's shape)."""
+TOOL_QUESTIONS = (
+    "What's the weather going to be in Lisbon for the next three days, in celsius?",
+    "Find recent news about the James Webb Space Telescope.",
+    "Compute the 30th Fibonacci number by running some Python.",
+    "Email alice@example.com to tell her the quarterly report is ready, subject 'Q3 report'.",
+    "Put a meeting called 'Design review' on 2026-12-14 at 15:30 with Bob and Carol.",
+    "How much is 250 US dollars in euros?",
+    "Check the weather in Tokyo today, in fahrenheit.",
+    "Search for the best Python libraries for parsing PDF files, five results.",
+    "Use Python to print the sum of the squares of the numbers from 1 to 100.",
+    "Schedule 'Dentist' on 2027-01-08 at 09:00.",
+)
+"""Questions that need one of :data:`BENCH_TOOLS` (written for this bench)."""
+
 WARMUP_PROMPT = "Write a short Python function that returns the sum of a list of numbers."
 
 
@@ -51,12 +116,21 @@ class BenchPrompt:
         text: The user message (the last one, for a multi-turn prompt).
         history: Earlier user messages, each to be followed by the model's own answer before ``text``
             (``multi-turn``: MT-bench's first turn); empty for single-turn prompts.
+        schema: The JSON schema the answer must match (JSON text), or None.
+        tools: The tools the model is shown and must call one of (JSON text of OpenAI's ``tools``), or None.
     """
 
     category: str
     id: str
     text: str
     history: tuple[str, ...] = ()
+    schema: str | None = None
+    tools: str | None = None
+
+    @property
+    def structured(self) -> bool:
+        """Whether the answer is constrained (a JSON schema, or tool calls)."""
+        return self.schema is not None or self.tools is not None
 
 
 def default_data_dir() -> Path:
@@ -90,7 +164,7 @@ def load_prompts(data_dir: str | Path | None = None, per_category: int = 5,
         raise ValueError(f"--per-category must be >= 1, got {per_category}")
     data = Path(data_dir) if data_dir is not None else default_data_dir()
     out: list[BenchPrompt] = []
-    if any(c in SPEC_BENCH_CATEGORIES + (MULTI_TURN,) for c in categories):
+    if any(c in SPEC_BENCH_CATEGORIES + (MULTI_TURN, STRUCTURED) for c in categories):
         path = data / "spec_bench" / "question.jsonl"
         if not path.is_file():
             raise FileNotFoundError(f"Spec-Bench questions not found at {path}; pass --data DIR")
@@ -104,7 +178,11 @@ def load_prompts(data_dir: str | Path | None = None, per_category: int = 5,
             rows = rows[len(rows) // (2 * per_category):] if len(rows) > per_category else rows
             out += [BenchPrompt(MULTI_TURN, str(q["question_id"]), q["turns"][1], (q["turns"][0],))
                     for q in _evenly(rows, per_category)]
-    if any(c in HUMANEVAL_CATEGORIES for c in categories):
+        if STRUCTURED in categories:  # texts to extract from: summarization, rag and qa questions
+            rows = [q for q in qs if q["category"] in ("summarization", "rag", "qa")]
+            texts = [BenchPrompt(STRUCTURED, f"extract-{q['question_id']}", EXTRACT_TEMPLATE.format(text=q["turns"][0]),
+                                 schema=json.dumps(EXTRACT_SCHEMA)) for q in _evenly(rows[7::3], per_category)]
+    if any(c in HUMANEVAL_CATEGORIES + (STRUCTURED,) for c in categories):
         path = data / "humaneval" / "HumanEval.jsonl.gz"
         if not path.is_file():
             raise FileNotFoundError(f"HumanEval not found at {path}; pass --data DIR")
@@ -121,6 +199,13 @@ def load_prompts(data_dir: str | Path | None = None, per_category: int = 5,
                 else:
                     text = EDIT_TEMPLATE.format(code=p["prompt"] + p["canonical_solution"])
                 out.append(BenchPrompt(cat, p["task_id"], text))
+        if STRUCTURED in categories:  # extraction, function description and tool call in turn
+            functions = [BenchPrompt(STRUCTURED, f"describe-{p['task_id']}", FUNCTION_TEMPLATE.format(code=p["prompt"]),
+                                     schema=json.dumps(FUNCTION_SCHEMA)) for p in _evenly(rows[5::2], per_category)]
+            tools = [BenchPrompt(STRUCTURED, f"tool-{i}", q, tools=json.dumps(BENCH_TOOLS))
+                     for i, q in enumerate(TOOL_QUESTIONS)]
+            kinds = (texts, functions, tools)
+            out += [kinds[i % 3][i // 3 % len(kinds[i % 3])] for i in range(per_category)]
     order = {c: i for i, c in enumerate(categories)}
     return sorted(out, key=lambda p: order[p.category])
 

@@ -140,6 +140,9 @@ def summarize(doc: dict) -> list[dict]:
                        mean_accepted_length=mean_accepted_length(sum(r.get("committed", 0) for r in rs), calls),
                        acceptance_rate=acceptance_rate(sum(r.get("accepted", 0) for r in rs), proposed),
                        acceptance_by_position=acc_of[m], load1=float(np.mean([r["load1"] for r in rs])))
+            checked = [r["valid"] for r in rs if "valid" in r]
+            if checked:  # structured answers: the share valid against their schema or tools
+                row["valid"] = (sum(checked), len(checked))
             table, t_draft = TimingTable.from_snapshot(snaps[m]), _num(snaps[m].get("draft_token_seconds"))
             base, suffix = split_name(m)
             if base in ("hybrid", "auto"):
@@ -203,6 +206,11 @@ def markdown(doc: dict, rows: list[dict]) -> str:
             f"{_f(r['ttft'])} | {_f(r['speedup'])} | {_f(r['decode_speedup'])} | "
             f"{_f(r['mean_accepted_length'])} | {_f(r['acceptance_rate'])} | {pos} | "
             f"{_f(r.get('predicted'))} | {_f(r.get('planned'))} | {_f(r.get('limit'))} |")
+    valid = [r for r in rows if "valid" in r]
+    if valid:
+        lines += ["", "## Structured answers valid against their schema or tools (cut by max tokens: not valid)", "",
+                  "| category | method | valid |", "|---|---|---|"]
+        lines += [f"| {r['category']} | {r['method']} | {r['valid'][0]}/{r['valid'][1]} |" for r in valid]
     for name, snap in (doc.get("cost_models") or {"": doc["cost_model"]}).items():
         s = ", ".join(f"S({n})={1000 * v:.0f}" for n, v in list(snap["S"].items())[:20])
         draft = _f(1000 * _num(snap.get("draft_token_seconds")), ".0f")

@@ -137,12 +137,12 @@ def split_variant(name: str, backends: tuple[str, ...]) -> tuple[str, str | None
     return method, next(b for b in backends if variant(method, b, backends) == name)
 
 
-def _fit_prompt(engine, text: str, room: int, history: list[dict] = ()) -> list[int]:
-    """Chat-rendered prompt ids (``history`` messages, then ``text`` as a user message), the last user
-    message shortened until ``room`` tokens remain free."""
+def _fit_prompt(engine, text: str, room: int, history: list[dict] = (), tools: list[dict] | None = None) -> list[int]:
+    """Chat-rendered prompt ids (``history`` messages, then ``text`` as a user message; ``tools`` shown to the
+    model), the last user message shortened until ``room`` tokens remain free."""
     while True:
         try:
-            ids = engine.encode_prompt(engine.encode_chat([*history, {"role": "user", "content": text}]))
+            ids = engine.encode_prompt(engine.encode_chat([*history, {"role": "user", "content": text}], tools=tools))
         except ValueError:  # longer than the context
             ids = None
         if ids and len(ids) + room < engine.n_ctx:
@@ -174,6 +174,61 @@ def _histories(engine, prompts: list[BenchPrompt], max_tokens: int, path: Path) 
             path.write_text(json.dumps(known, indent=1))
         out[key] = known[key]
     return out
+
+
+def grammar_of(prompt: BenchPrompt):
+    """The constraint of a structured prompt (:class:`~specdec.grammar.GrammarSpec`): its schema, or a call of
+    one of its tools (``tool_choice="required"``, one call)."""
+    from specdec.grammar import GrammarSpec
+    from specdec.tools import HermesFormat
+
+    if prompt.schema is not None:
+        return GrammarSpec.json_schema(prompt.schema)
+    return HermesFormat().grammar(_functions(prompt), "required", parallel=False)
+
+
+def _functions(prompt: BenchPrompt):
+    from specdec.tools import Function
+
+    return [Function(t["function"]["name"], t["function"]["parameters"], t["function"].get("description", ""))
+            for t in json.loads(prompt.tools)]
+
+
+def peer_schema(prompt: BenchPrompt) -> dict:
+    """What llama-server is given as ``json_schema``: the prompt's schema, or (tools) a call object of one of
+    its functions, ``{"name": ..., "arguments": {...}}`` (its grammar cannot write the ``<tool_call>`` tags)."""
+    if prompt.schema is not None:
+        return json.loads(prompt.schema)
+    return {"anyOf": [{"type": "object", "properties": {"name": {"const": f.name}, "arguments": f.parameters},
+                       "required": ["name", "arguments"], "additionalProperties": False} for f in _functions(prompt)]}
+
+
+def answer_is_valid(engine, token_ids: list[int], prompt: BenchPrompt, complete: bool) -> bool:
+    """Whether a structured prompt's answer is valid: JSON matching its schema, or (tools) a complete call (in
+    the tags, or llama-server's bare call object) whose arguments match its function's parameters. An answer
+    cut by ``max_tokens`` (``complete=False``) is not valid."""
+    import jsonschema
+
+    from specdec.tools import parse_tool_calls
+
+    if not complete:
+        return False
+    text = b"".join(engine.token_bytes(t) for t in token_ids if t not in engine.target.eog_ids).decode("utf-8", "replace")
+    try:
+        if prompt.schema is not None:
+            jsonschema.validate(json.loads(text), json.loads(prompt.schema))
+            return True
+        functions = {f.name: f for f in _functions(prompt)}
+        _, calls = parse_tool_calls(text)
+        found = [(c.name, json.loads(c.arguments)) for c in calls if c.complete]
+        if not found:  # llama-server's answer: the call object alone
+            obj = json.loads(text)
+            found = [(obj["name"], obj["arguments"])]
+        for name, args in found:
+            jsonschema.validate(args, functions[name].parameters)
+        return bool(found)
+    except (ValueError, KeyError, TypeError, jsonschema.ValidationError):
+        return False
 
 
 class _Runner:
@@ -223,8 +278,19 @@ class _Runner:
                         n_ctx=cfg.n_ctx, n_threads=self.threads, log_path=out / f"{m}.log", spec_type=spec_type)
                     notes.append(f"{m}: " + " ".join(self.servers[m].cmd))
 
-    def run(self, method: str, ids: list[int], max_tokens: int, seed: int) -> dict:
-        """One generation; returns the run's record (without prompt fields)."""
+    def run(self, method: str, ids: list[int], max_tokens: int, seed: int, prompt: BenchPrompt | None = None) -> dict:
+        """One generation; returns the run's record (without prompt fields). A structured prompt's answer is
+        constrained (specdec: its grammar; llama-server: ``json_schema``) and checked (``valid``)."""
+        cfg = self.cfg
+        if prompt is not None and prompt.structured:
+            if method == "raw":
+                return {}  # the raw loop has no grammar: no comparable run
+            rec = self._run(method, ids, max_tokens, seed, prompt)
+            rec["valid"] = answer_is_valid(self.engine, rec["token_ids"], prompt, complete=rec["new_tokens"] < max_tokens)
+            return rec
+        return self._run(method, ids, max_tokens, seed, None)
+
+    def _run(self, method: str, ids: list[int], max_tokens: int, seed: int, prompt: BenchPrompt | None) -> dict:
         cfg = self.cfg
         if method == "raw":
             r = self.raw.generate(ids, max_tokens, cfg.temperature, seed)
@@ -232,10 +298,12 @@ class _Runner:
             return dict(token_ids=r.token_ids, new_tokens=n, prefill_seconds=r.prefill_seconds,
                         decode_seconds=r.decode_seconds, target_calls=n, committed=n)
         if method.startswith("server"):
-            r = self.servers[method].complete(ids, max_tokens, cfg.temperature, seed)
+            r = self.servers[method].complete(ids, max_tokens, cfg.temperature, seed,
+                                              json_schema=None if prompt is None else peer_schema(prompt))
             return dict(token_ids=r.token_ids, new_tokens=r.new_tokens, prefill_seconds=r.prefill_seconds,
                         decode_seconds=r.decode_seconds, proposed=r.proposed, accepted=r.accepted)
-        params = SamplingParams(temperature=cfg.temperature, max_tokens=max_tokens, seed=seed)
+        params = SamplingParams(temperature=cfg.temperature, max_tokens=max_tokens, seed=seed,
+                                grammar=None if prompt is None else grammar_of(prompt))
         base, backend = split_variant(method, cfg.backends)
         res = self.engines[backend].generate(ids, params, cfg.spec(base))
         s = res.stats
@@ -293,8 +361,8 @@ def run_bench(cfg: BenchConfig) -> dict:
         methods = runner.methods
         room = cfg.max_tokens + max(cfg.draft_k, cfg.ngram_k, 16) + 2
         histories = _histories(runner.engine, prompts, cfg.max_tokens, out / "history.json")
-        encoded = [_fit_prompt(runner.engine, p.text, room, histories.get(f"{p.category}/{p.id}", []))
-                   for p in prompts]
+        encoded = [_fit_prompt(runner.engine, p.text, room, histories.get(f"{p.category}/{p.id}", []),
+                               json.loads(p.tools) if p.tools else None) for p in prompts]
         todo = sum((p.category, p.id) not in done for p in prompts)
         bar = tqdm(total=todo * len(methods) + (len(methods) if cfg.warmup else 0), desc="bench",
                    unit="run", disable=not cfg.progress, file=sys.stderr)
@@ -315,11 +383,13 @@ def run_bench(cfg: BenchConfig) -> dict:
             by_method = {}
             for m in order:
                 bar.set_postfix_str(f"{p.category} {p.id} {m}")
-                rec = runner.run(m, ids, cfg.max_tokens, cfg.seed + i)
+                rec = runner.run(m, ids, cfg.max_tokens, cfg.seed + i, p)
+                bar.update()
+                if not rec:
+                    continue
                 rec.update(category=p.category, prompt_id=p.id, method=m, backend=split_variant(m, cfg.backends)[1],
                            prompt_tokens=len(ids), load1=os.getloadavg()[0], order=order.index(m))
                 by_method[m] = rec
-                bar.update()
             plain = by_method.get("none", {}).get("token_ids")
             for rec in by_method.values():
                 toks = rec.pop("token_ids")

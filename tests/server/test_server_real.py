@@ -70,3 +70,74 @@ def test_prefix_cache_keeps_ten_prompts_it_has_room_for(client):
             usage = client.chat.completions.create(messages=[{"role": "user", "content": text}], **kw).usage
             cached = usage.prompt_tokens_details.cached_tokens
             assert cached >= usage.prompt_tokens - 1 if turn else cached < usage.prompt_tokens - 4, (turn, text[:40])
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"},
+                                         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"]}}},
+    {"type": "function", "function": {"name": "add", "description": "Add two integers", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}},
+]
+
+
+def test_tool_calling_agent_loop(client):
+    """Issue 39: a plain tool-calling loop through the openai client, tool_choice auto, speculation on. The
+    default target writes its calls as a JSON code block (Qwen2.5-Coder's habit) or in <tool_call> tags; both
+    come back as OpenAI tool calls whose arguments match the function's schema, the results go back as tool
+    messages, and the streamed answer carries the same calls."""
+    import json
+
+    import jsonschema
+
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    kw = {"model": "qwen", "tools": TOOLS, "temperature": 0, "max_tokens": 120,
+          "extra_body": {"speculative": {"method": "auto"}}}
+    calls = 0
+    for _ in range(3):
+        r = client.chat.completions.create(messages=messages, **kw)
+        message = r.choices[0].message
+        if not message.tool_calls:
+            assert r.choices[0].finish_reason in ("stop", "length")
+            break
+        assert r.choices[0].finish_reason == "tool_calls" and r.model_extra["speculative"]["target_calls"] > 0
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls:
+            args = json.loads(call.function.arguments)
+            jsonschema.validate(args, schemas[call.function.name])
+            calls += 1
+            result = {"city": args.get("city"), "temperature": 21} if call.function.name == "get_weather" \
+                else args["a"] + args["b"]
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)})
+    assert calls >= 1
+    first = messages[1]["tool_calls"][0]["function"]
+    assert first["name"] == "get_weather" and json.loads(first["arguments"])["city"] == "Paris"
+    streamed: dict[int, dict] = {}
+    for chunk in client.chat.completions.create(messages=messages[:1], stream=True, **kw):
+        for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            c = streamed.setdefault(d.index, {"name": d.function.name, "arguments": ""})
+            c["arguments"] += d.function.arguments or ""
+    assert [(c["name"], json.loads(c["arguments"])) for c in streamed.values()] == [
+        (first["name"], json.loads(first["arguments"]))]
+
+
+def test_structured_extraction(client):
+    """Issue 39: extraction by JSON schema through the openai client's parse(), speculation on: valid, and the
+    same answer with and without speculation."""
+    import pydantic
+
+    class Person(pydantic.BaseModel):
+        name: str
+        city: str
+        age: int
+
+    text = "Maria Lopez, 34, moved from Seville to Berlin last spring to work as a nurse."
+    answers = []
+    for method in ("none", "auto"):
+        r = client.beta.chat.completions.parse(
+            model="qwen", messages=[{"role": "user", "content": f"Extract the person as JSON: {text}"}],
+            response_format=Person, temperature=0, max_tokens=60, extra_body={"speculative": {"method": method}})
+        answers.append(r.choices[0].message.parsed)
+    assert answers[0] == answers[1] and answers[0].age == 34 and "Maria" in answers[0].name
