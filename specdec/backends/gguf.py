@@ -14,12 +14,14 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import struct
+import time
 from typing import Sequence
 
 import numpy as np
 
 from specdec.backends.base import BackendError, CacheFullError, SequenceBook
 from specdec.backends.chat_template import ChatTemplate
+from specdec.backends.threads import ThreadTuner
 
 # enum llama_token_attr: the same bits in llama.cpp's and ik_llama.cpp's include/llama.h
 TOKEN_ATTR_UNKNOWN = 1 << 0
@@ -37,13 +39,18 @@ class GGUFBackend(SequenceBook):
     """
 
     n_batch: int
-    n_threads: int
+    n_threads: int  # the most threads a call uses (the tuner may use fewer: threads_now)
     kv_cache_type: str  # "f16" or "f32": the KV cache's element type
     _batch = None  # the library's llama_batch struct, n_batch tokens, one sequence id per token
+    _tuner: ThreadTuner | None = None  # chooses threads_now from the calls' timings (None: n_threads, fixed)
 
     # -- the library's own calls (one line each in a subclass) ----------------------------------
     def _lib_decode(self) -> int:
         """``llama_decode`` of ``self._batch``; the library's return code (0 = success)."""
+        raise NotImplementedError
+
+    def _lib_set_threads(self, n: int) -> None:
+        """``llama_set_n_threads(ctx, n, n)`` on every context of the backend."""
         raise NotImplementedError
 
     def _lib_logits(self, row: int):
@@ -110,14 +117,22 @@ class GGUFBackend(SequenceBook):
             self.close()
             raise ValueError(f"n_ctx {n_ctx} is more than {self.path.name}'s training context of {n_train} tokens")
 
-    def _init_gguf(self, n_vocab: int) -> None:
-        """Finish construction once the model, the context and ``self._batch`` exist."""
+    def _init_gguf(self, n_vocab: int, adaptive_threads: bool = False) -> None:
+        """Finish construction once the model, the context and ``self._batch`` exist; ``adaptive_threads``:
+        the thread count follows the calls' timings (:mod:`specdec.backends.threads`), at most ``n_threads``."""
+        self._tuner = ThreadTuner(self.n_threads) if adaptive_threads else None
         self.n_vocab = n_vocab
         self.eog_ids = frozenset(i for i in range(n_vocab) if self._lib_is_eog(i))
         self._init_book()
         self._piece_cache: list[bytes | None] = [None] * n_vocab
         self._template: ChatTemplate | None = None
         self._control_texts: frozenset[str] | None = None
+
+    @property
+    def threads_now(self) -> int:
+        """Threads the next call uses: ``n_threads``, or fewer while other processes take cores (when the
+        thread count is adaptive)."""
+        return self._tuner.threads if self._tuner is not None else self.n_threads
 
     # -- saved sequences (the prefix cache's host copies) ---------------------------------------
     def _save(self, seq_id: int) -> bytearray | None:
@@ -169,7 +184,12 @@ class GGUFBackend(SequenceBook):
         for i, s in enumerate(seqs):
             seq_id[i][0] = s
         b.n_tokens = n
+        start = time.perf_counter()
         rc = self._lib_decode()
+        if self._tuner is not None and rc == 0:
+            threads = self._tuner.observe(n, time.perf_counter() - start)
+            if threads is not None:
+                self._lib_set_threads(threads)
         if rc == 1:  # llama.h: "could not find a KV slot for the batch"
             raise CacheFullError(f"the KV cache of {self.name} is full ({n} tokens, sequences {sorted(set(seqs))})")
         if rc != 0:

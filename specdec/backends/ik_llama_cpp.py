@@ -96,6 +96,7 @@ _DECLARED = {
     "llama_state_seq_get_data": ([_c.c_void_p, _c.c_void_p, _c.c_size_t, _c.c_int32, _c.c_uint32], _c.c_size_t),
     "llama_state_seq_set_data": ([_c.c_void_p, _c.c_void_p, _c.c_size_t, _c.c_int32, _c.c_uint32], _c.c_size_t),
     "llama_log_set": ([_log_callback, _c.c_void_p], None),
+    "llama_set_n_threads": ([_c.c_void_p, _c.c_int32, _c.c_int32], None),
 }
 # The functions used as the package declares them (ik's llama_tokenize / llama_token_to_piece take the
 # model, where mainline's take the vocab).
@@ -256,6 +257,8 @@ class IkLlamaCppBackend(GGUFBackend):
         n_ctx: Context window per sequence, in tokens.
         n_seq_max: Sequences that can exist at once (ids ``0..n_seq_max-1``).
         n_threads: CPU threads; default: the number of physical cores.
+        adaptive_threads: Use fewer threads while other processes take cores, chosen from the calls' timings
+            (:mod:`specdec.backends.threads`; never changes logits); default: when ``n_threads`` is not given.
         n_batch: Most tokens per ``llama_decode`` call; larger evaluations are split.
         name: Human-readable name; default: the file name without ``.gguf``.
         flash_attn: ik's flash-attention CPU kernels (default off). The wheel's AVX2 build aborts the whole
@@ -280,7 +283,7 @@ class IkLlamaCppBackend(GGUFBackend):
 
     def __init__(self, path: str | Path, n_ctx: int = 4096, n_seq_max: int = 8, n_threads: int | None = None,
                  n_batch: int = 512, name: str | None = None, *, flash_attn: bool = False, repack: bool = True,
-                 n_cells: int | None = None, side_prefill: bool = True):
+                 n_cells: int | None = None, side_prefill: bool = True, adaptive_threads: bool | None = None):
         self._model = self._ctx = None
         path = check_gguf(path)
         if n_ctx < 1 or n_batch < 1 or n_seq_max < 1:
@@ -322,7 +325,8 @@ class IkLlamaCppBackend(GGUFBackend):
         self._open_contexts(n_cells, side_prefill)
         self._batch = lib.llama_batch_init(n_batch, 0, 1)
         self._batch_live = True
-        self._init_gguf(lib.llama_vocab_n_tokens(self._vocab))
+        self._init_gguf(lib.llama_vocab_n_tokens(self._vocab),
+                        n_threads is None if adaptive_threads is None else adaptive_threads)
 
     def _open_contexts(self, n_cells: int | None, side_prefill: bool) -> None:
         """Create the context(s) the sequences live in (here: one main context, the side one later)."""
@@ -347,7 +351,7 @@ class IkLlamaCppBackend(GGUFBackend):
         cparams.n_ctx = n_cells
         cparams.n_seq_max = n_seq_max or self.n_seq_max
         cparams.n_batch = cparams.n_ubatch = self.n_batch  # one llama_decode = one micro-batch (see _lib_decode)
-        cparams.n_threads = cparams.n_threads_batch = self.n_threads
+        cparams.n_threads = cparams.n_threads_batch = self.threads_now
         cparams.flash_attn = self.flash_attn
         if not _room(_CONTEXT):  # see MAX_CONTEXTS: NULL, which every caller reports (or does without)
             return None
@@ -514,6 +518,11 @@ class IkLlamaCppBackend(GGUFBackend):
 
     def _lib_logits(self, row: int):
         return self._lib.llama_get_logits_ith(self._calls, row)
+
+    def _lib_set_threads(self, n: int) -> None:
+        contexts = [self._ctx, self._side_ctx, *getattr(self, "_ctxs", {}).values(), *getattr(self, "_pool", [])]
+        for ctx in dict.fromkeys(c for c in contexts if c):
+            self._lib.llama_set_n_threads(ctx, n, n)
 
     def _lib_tokenize(self, data: bytes, buf, size: int, special: bool) -> int:
         return self._lib.llama_tokenize(self._model, data, len(data), buf, size, False, special)

@@ -78,6 +78,8 @@ class LlamaCppBackend(GGUFBackend):
         n_ctx: Context window per sequence, in tokens.
         n_seq_max: Sequences that can exist at once (ids ``0..n_seq_max-1``).
         n_threads: CPU threads; default: the number of physical cores.
+        adaptive_threads: Use fewer threads while other processes take cores, chosen from the calls' timings
+            (:mod:`specdec.backends.threads`; never changes logits); default: when ``n_threads`` is not given.
         n_batch: Most tokens per ``llama_decode`` call; larger evaluations are split.
         name: Human-readable name; default: the file name without ``.gguf``.
         kv_unified: llama.cpp's ``kv_unified`` (see the comment in ``__init__``); default: on when
@@ -98,7 +100,8 @@ class LlamaCppBackend(GGUFBackend):
 
     def __init__(self, path: str | Path, n_ctx: int = 4096, n_seq_max: int = 8, n_threads: int | None = None,
                  n_batch: int = 512, name: str | None = None, *, kv_unified: bool | None = None,
-                 flash_attn: bool | None = None, kv_cache_type: str = "f16", n_cells: int | None = None):
+                 flash_attn: bool | None = None, kv_cache_type: str = "f16", n_cells: int | None = None,
+                 adaptive_threads: bool | None = None):
         self._model = self._ctx = None
         path = check_gguf(path)
         if n_ctx < 1 or n_batch < 1:
@@ -153,7 +156,8 @@ class LlamaCppBackend(GGUFBackend):
         self._batch = lc.llama_batch_init(n_batch, 0, 1)
         self._batch_live = True
 
-        self._init_gguf(lc.llama_vocab_n_tokens(self._vocab))
+        self._init_gguf(lc.llama_vocab_n_tokens(self._vocab), n_threads is None if adaptive_threads is None
+                        else adaptive_threads)
 
     # -- the library's own sequence calls (bookkeeping: SequenceBook) ---------------------------
 
@@ -181,6 +185,9 @@ class LlamaCppBackend(GGUFBackend):
 
     def _lib_decode(self) -> int:
         return lc.llama_decode(self._ctx, self._batch)
+
+    def _lib_set_threads(self, n: int) -> None:
+        lc.llama_set_n_threads(self._ctx, n, n)
 
     def _lib_logits(self, row: int):
         return lc.llama_get_logits_ith(self._ctx, row)

@@ -35,7 +35,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="draft model: a known name or a GGUF path (same vocabulary as the target); repeat for "
                         "several drafters (auto weighs each every step; draft and hybrid use the first)")
     p.add_argument("--n-ctx", type=int, default=4096, help="context window in tokens (default 4096)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads, fixed (default: one per physical core, fewer while other processes take cores)")
     p.add_argument("--backend", choices=backend_choices(), default=None,
                    help="inference library: llama.cpp (GGUF, llama-cpp-python), ik_llama.cpp or ik (GGUF, faster CPU "
                         "kernels) or hf (transformers/PyTorch; HF folders, hub names, GGUF dequantized once) "
