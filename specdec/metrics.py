@@ -96,7 +96,8 @@ class ServerMetrics:
             ["position"], registry=r)
         self.drafter_tokens = Counter(
             "specdec_spec_decode_drafter_draft_tokens", "Draft tokens proposed by each draft model (drafter: "
-            "draft for the first, draft:<name> for the others), a part of specdec_spec_decode_num_draft_tokens.",
+            "draft for the first, draft:<name> for the others; forced: the tokens a request's grammar allowed alone, "
+            "drafted at no cost), a part of specdec_spec_decode_num_draft_tokens.",
             ["drafter"], registry=r)
         self.drafter_accepted = Counter(
             "specdec_spec_decode_drafter_accepted_tokens", "Draft tokens of each draft model accepted by the "

@@ -287,6 +287,8 @@ class SequenceState:
         if (cost := plan.proposal.draft_cost) is not None:
             self.stats.record_drafter(cost.drafter, len(drafts), result.num_accepted, cost.seconds,
                                       cost.calls or cost.evals)
+        elif kind == "forced":  # the grammar's own drafts: no model ran for them
+            self.stats.record_drafter("forced", len(drafts), result.num_accepted, 0.0, 0)
         self._recent_committed += RECENT_WEIGHT * (kept - self._recent_committed)
         if self.noise is not None:
             self.noise.forget_before(self.n_generated)

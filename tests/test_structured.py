@@ -71,8 +71,10 @@ def test_forced_tokens_are_drafted_for_free(pair):
     plain_calls = r.stats.target_calls
     r2 = pair.generate("x", SamplingParams(max_tokens=40, grammar=spec), SpecConfig(method="ngram", num_speculative_tokens=8))
     assert r2.token_ids == r.token_ids and r2.text.startswith('{') and "a_long_key_name" in r2.text
-    forced = [t for t in r2.provenance if t.source.kind == "accepted"]
+    forced = [t for t in r2.provenance if t.source.kind == "accepted" and t.source.drafter == "forced"]
     assert forced and r2.stats.target_calls <= 0.75 * plain_calls, (r2.stats.target_calls, plain_calls)
+    d = r2.stats.by_drafter["forced"]  # their own kind in the statistics (and the metrics' drafter label)
+    assert d["accepted"] == d["proposed"] >= len(forced) and d["seconds"] == 0.0
 
 
 def test_bad_grammar_is_a_value_error_before_anything_is_reserved(pair):

@@ -10,8 +10,8 @@ tok/s with 2 threads and 7.1 with 1 (docs/bench/contention).
 
 :class:`ThreadTuner` watches the wall time of the decode calls a backend makes and now and then tries the
 other thread counts for a few calls (a trial, cut short at its first clearly slower call), keeping the
-fastest; a trial comes at once when the calls slow down or speed up by :data:`DRIFT` (other load arrived
-or left), and otherwise after a period that doubles while nothing changes (:data:`FIRST_PERIOD` to
+fastest; a trial comes at once when other processes start or stop using cores (:class:`OtherLoad`, from
+``/proc/stat``) or the calls slow down or speed up by :data:`DRIFT`, and otherwise after a period that doubles while nothing changes (:data:`FIRST_PERIOD` to
 :data:`LAST_PERIOD` calls, :data:`FEWER_PERIOD` while fewer threads are used), so that it never stops
 looking but costs ~1% on an idle machine. The thread count of a call does not change its logits in the
 GGUF libraries specdec uses (ggml gives each output element to one thread; checked bitwise by the tests),
@@ -22,8 +22,11 @@ Knows timings and thread counts; not models or libraries (the backend applies th
 
 from __future__ import annotations
 
+import os
+import time
 from collections import deque
 from statistics import median
+from typing import Callable
 
 FIRST_PERIOD = 64
 """Calls between trials at first and after a change."""
@@ -48,18 +51,57 @@ WINDOW = 8
 """Timings kept per call size and thread count."""
 
 
+IDLE_OTHERS = 0.3
+"""Cores other processes use, at most, for the machine to count as idle (then more threads are tried at once)."""
+BUSY_OTHERS = 0.7
+"""Cores other processes use, at least, for the machine to count as busy (then fewer threads are tried at once)."""
+SAMPLE_SECONDS = 1.0
+"""Shortest interval over which other processes' CPU use is measured."""
+
+
+class OtherLoad:
+    """Cores used by other processes since the last sample: the machine's busy CPU time (``/proc/stat``) less
+    this process's own (:func:`time.process_time`), over the wall time. ``None`` where ``/proc/stat`` is
+    missing (not Linux) or before :data:`SAMPLE_SECONDS` have passed."""
+
+    def __init__(self):
+        self._last = self._read()
+
+    @staticmethod
+    def _read() -> tuple[float, float, float] | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        busy = sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # all but idle and iowait
+        return time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), time.process_time()
+
+    def __call__(self) -> float | None:
+        if self._last is None:
+            return None
+        now = self._read()
+        if now is None or now[0] - self._last[0] < SAMPLE_SECONDS:
+            return None
+        (t0, b0, p0), (t1, b1, p1) = self._last, now
+        self._last = now
+        return max(0.0, (b1 - b0) - (p1 - p0)) / (t1 - t0)
+
+
 class ThreadTuner:
     """Chooses a backend's thread count from its calls' timings.
 
     Args:
         max_threads: The most threads (one per physical core by default); the counts tried are it, its
             halves, down to 1 (``[2, 1]`` on two cores).
+        others: Cores other processes use now (None: unknown); default :class:`OtherLoad`. More threads are
+            tried at once when it falls to :data:`IDLE_OTHERS`, fewer when it reaches :data:`BUSY_OTHERS`.
 
     Attributes:
         threads: The count to use for the next call.
     """
 
-    def __init__(self, max_threads: int):
+    def __init__(self, max_threads: int, others: Callable[[], float | None] | None = None):
         if max_threads < 1:
             raise ValueError(f"max_threads must be >= 1, got {max_threads}")
         counts = [max_threads]
@@ -74,6 +116,8 @@ class ThreadTuner:
         self._trial: tuple[int, list[float]] | None = None  # (count on trial, its time ratios)
         self._chosen = max_threads
         self._queue: list[int] = []  # counts still to try in this round
+        self._others = OtherLoad() if others is None else others
+        self._busy = False  # other processes used BUSY_OTHERS cores or more at the last sample
 
     def observe(self, n_tokens: int, seconds: float) -> int | None:
         """Record one call of ``n_tokens`` tokens that took ``seconds`` with :attr:`threads` threads.
@@ -95,8 +139,20 @@ class ThreadTuner:
             1 / DRIFT <= median(list(times)[-3:]) / base <= DRIFT)
         if drifted:
             self._period = FIRST_PERIOD
+        others = self._others()
+        if others is not None:
+            self._busy = others >= BUSY_OTHERS
+        if others is not None and others <= IDLE_OTHERS and self._chosen < self.counts[0]:
+            self._queue = [c for c in self.counts if c > self._chosen]  # the machine is idle now: more threads
+            return self._start_trial()
+        if others is not None and others >= BUSY_OTHERS and self._chosen == self.counts[0]:
+            self._queue = self.counts[1:]  # other processes took cores: fewer threads
+            return self._start_trial()
         if drifted or self._since >= self._period:
-            self._queue = [c for c in self.counts if c != self._chosen]
+            # while other processes keep cores busy, more threads than now would only wait on them
+            self._queue = [c for c in self.counts if c != self._chosen and not (self._busy and c > self._chosen)]
+            if not self._queue:
+                self._since = 0
             return self._start_trial()
         return None
 

@@ -137,6 +137,7 @@ def summarize(doc: dict) -> list[dict]:
             calls = sum(r.get("target_calls", 0) for r in rs)
             row = dict(category=cat, method=m, prompts=len(rs), new_tokens=new,
                        tps=_ratio(new, pre + dec), decode_tps=_ratio(new - len(rs), dec), ttft=pre / len(rs),
+                       prefill_tps=_ratio(sum(r.get("prompt_tokens", 0) for r in rs), pre),
                        mean_accepted_length=mean_accepted_length(sum(r.get("committed", 0) for r in rs), calls),
                        acceptance_rate=acceptance_rate(sum(r.get("accepted", 0) for r in rs), proposed),
                        acceptance_by_position=acc_of[m], load1=float(np.mean([r["load1"] for r in rs])))
@@ -196,14 +197,14 @@ def markdown(doc: dict, rows: list[dict]) -> str:
                  for m in methods]
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
     lines += ["", "## Details", "",
-              "| category | method | tok/s | decode tok/s | TTFT s | speed-up | decode speed-up | mean acc. len | "
-              "acc. rate | acc. by position | predicted | planned | limit |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| category | method | tok/s | decode tok/s | TTFT s | prefill tok/s | speed-up | decode speed-up | "
+              "mean acc. len | acc. rate | acc. by position | predicted | planned | limit |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         pos = " ".join(_f(a) for a in r["acceptance_by_position"][:6]) or "–"
         lines.append(
             f"| {r['category']} | {r['method']} | {_f(r['tps'], '.1f')} | {_f(r['decode_tps'], '.1f')} | "
-            f"{_f(r['ttft'])} | {_f(r['speedup'])} | {_f(r['decode_speedup'])} | "
+            f"{_f(r['ttft'])} | {_f(r.get('prefill_tps'), '.0f')} | {_f(r['speedup'])} | {_f(r['decode_speedup'])} | "
             f"{_f(r['mean_accepted_length'])} | {_f(r['acceptance_rate'])} | {pos} | "
             f"{_f(r.get('predicted'))} | {_f(r.get('planned'))} | {_f(r.get('limit'))} |")
     valid = [r for r in rows if "valid" in r]

@@ -32,7 +32,7 @@ def simulate(tuner: ThreadTuner, costs: dict[int, float], calls: int, rng: rando
 
 
 def test_an_idle_machine_keeps_the_full_count_and_pays_little_for_looking():
-    tuner, rng = ThreadTuner(2), random.Random(0)
+    tuner, rng = ThreadTuner(2, others=lambda: None), random.Random(0)
     used = simulate(tuner, QUIET, 5000, rng, sizes=(1, 2, 5))
     assert tuner.threads == 2
     late = used[1000:]
@@ -42,7 +42,7 @@ def test_an_idle_machine_keeps_the_full_count_and_pays_little_for_looking():
 
 
 def test_other_load_moves_to_fewer_threads_and_back():
-    tuner, rng = ThreadTuner(2), random.Random(1)
+    tuner, rng = ThreadTuner(2, others=lambda: None), random.Random(1)
     simulate(tuner, QUIET, 600, rng)
     assert tuner.threads == 2
     busy = simulate(tuner, BUSY, 2000, rng)
@@ -92,3 +92,38 @@ def test_explicit_threads_are_fixed(tiny_target_path):
         assert b._tuner is None and b.threads_now == 2
     with tiny_backend(tiny_target_path, "llama.cpp", n_threads=2, n_seq_max=1, adaptive_threads=True) as b:
         assert b._tuner is not None and b.threads_now == 2
+
+
+def test_other_processes_cpu_use_brings_the_full_count_back_at_once():
+    """When other processes stop using cores (/proc/stat), more threads are tried at the next call, not a
+    period later; when they start, fewer."""
+    load = {"others": 0.0}
+    tuner, rng = ThreadTuner(2, others=lambda: load["others"]), random.Random(2)
+    simulate(tuner, QUIET, 100, rng)
+    load["others"] = 1.0
+    busy = simulate(tuner, BUSY, 300, rng)
+    assert busy.index(1) <= 1 and busy[-50:].count(1) >= 49
+    load["others"] = 0.0
+    quiet = simulate(tuner, QUIET, 100, rng)
+    assert quiet.index(2) <= 1 and quiet[-50:].count(2) >= 49
+
+
+def test_other_load_reads_a_spinning_process():
+    import subprocess
+    import sys
+    import time
+
+    from specdec.backends.threads import OtherLoad
+
+    probe = OtherLoad()
+    if probe() is None and probe._last is None:
+        pytest.skip("no /proc/stat here")
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        probe = OtherLoad()
+        time.sleep(1.2)
+        assert probe() >= 0.5
+    finally:
+        spin.kill()
+        spin.wait()

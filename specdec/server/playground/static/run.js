@@ -39,6 +39,7 @@ function drafterClass(drafter) {
   if (!drafter) return "draft";
   if (drafter.startsWith("ngram")) return "ngram";
   if (drafter.startsWith("suffix")) return "suffix";
+  if (drafter === "forced") return "forced";  // the only tokens a grammar allowed: drafted at no cost
   return "draft";
 }
 
