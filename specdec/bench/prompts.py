@@ -181,7 +181,7 @@ def load_prompts(data_dir: str | Path | None = None, per_category: int = 5,
         if STRUCTURED in categories:  # texts to extract from: summarization, rag and qa questions
             rows = [q for q in qs if q["category"] in ("summarization", "rag", "qa")]
             texts = [BenchPrompt(STRUCTURED, f"extract-{q['question_id']}", EXTRACT_TEMPLATE.format(text=q["turns"][0]),
-                                 schema=json.dumps(EXTRACT_SCHEMA)) for q in _evenly(rows[7::3], per_category)]
+                                 schema=json.dumps(EXTRACT_SCHEMA)) for q in _evenly(rows[7::3] or rows, per_category)]
     if any(c in HUMANEVAL_CATEGORIES + (STRUCTURED,) for c in categories):
         path = data / "humaneval" / "HumanEval.jsonl.gz"
         if not path.is_file():
@@ -201,11 +201,11 @@ def load_prompts(data_dir: str | Path | None = None, per_category: int = 5,
                 out.append(BenchPrompt(cat, p["task_id"], text))
         if STRUCTURED in categories:  # extraction, function description and tool call in turn
             functions = [BenchPrompt(STRUCTURED, f"describe-{p['task_id']}", FUNCTION_TEMPLATE.format(code=p["prompt"]),
-                                     schema=json.dumps(FUNCTION_SCHEMA)) for p in _evenly(rows[5::2], per_category)]
+                                     schema=json.dumps(FUNCTION_SCHEMA)) for p in _evenly(rows[5::2] or rows, per_category)]
             tools = [BenchPrompt(STRUCTURED, f"tool-{i}", q, tools=json.dumps(BENCH_TOOLS))
                      for i, q in enumerate(TOOL_QUESTIONS)]
-            kinds = (texts, functions, tools)
-            out += [kinds[i % 3][i // 3 % len(kinds[i % 3])] for i in range(per_category)]
+            kinds = [k for k in (texts, functions, tools) if k]
+            out += [kinds[i % len(kinds)][i // len(kinds) % len(kinds[i % len(kinds)])] for i in range(per_category)]
     order = {c: i for i, c in enumerate(categories)}
     return sorted(out, key=lambda p: order[p.category])
 
