@@ -4,6 +4,7 @@ target's own greedy text, say), wrong at chosen output positions, so a test deci
 from __future__ import annotations
 
 from specdec.proposers import Proposal
+from specdec.proposers.base import DraftCost
 from specdec.types import ALONE, Load
 
 
@@ -35,6 +36,30 @@ class ScriptedProposer:
 
     def observe(self, outcome):
         pass
+
+    def close(self):
+        pass
+
+
+class ScriptedDrafter:
+    """A drafter that proposes the true ``text`` with every ``miss``-th draft wrong (the policy prices it by its
+    statistics; it stands in for a draft model's tokens); with ``token_seconds``, it reports that many seconds a
+    drafted token (what the cost model times a drafter by)."""
+
+    def __init__(self, text: list[int], miss: int = 7, token_seconds: float | None = None):
+        self.text, self.miss, self.token_seconds = text, miss, token_seconds
+
+    def prepare(self, context):
+        pass
+
+    def catchup(self, context):
+        return 1
+
+    def propose(self, context, k, params, draws, kind="draft"):
+        truth = self.text[len(context): len(context) + k]
+        tokens = [t if (len(context) + i) % self.miss else t + 1 for i, t in enumerate(truth)]
+        cost = None if self.token_seconds is None else DraftCost(k, 1, k * self.token_seconds, kind)
+        return Proposal(tokens=tokens, kind=kind, draft_cost=cost)
 
     def close(self):
         pass

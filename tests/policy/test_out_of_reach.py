@@ -8,12 +8,13 @@ import dataclasses
 
 import numpy as np
 import pytest
+from fake_proposers import ScriptedDrafter
 from policy_helpers import (GREEDY, FrozenCost, accepted_path, copy_text, cpu_seconds, flat_seconds, linear_seconds,
                             split_text)
 
 from specdec.types import Load
 from specdec.policy.auto import AutoProposer
-from specdec.proposers import Outcome, Proposal, SuffixProposer
+from specdec.proposers import Outcome, SuffixProposer
 from specdec.step import StepReport
 
 
@@ -36,28 +37,6 @@ def forks_text(rng: np.random.Generator, n: int = 500, vocab: int = 30) -> list[
     for _ in range(n - 1):
         out.append(int(succ[out[-1], rng.integers(0, 2)]))
     return out
-
-
-class ScriptedDrafter:
-    """A drafter that proposes the true text with every ``miss``-th draft wrong (the policy prices it by its
-    statistics; this stands in for a draft model's tokens)."""
-
-    def __init__(self, text: list[int], miss: int):
-        self.text, self.miss = text, miss
-
-    def prepare(self, context):
-        pass
-
-    def catchup(self, context):
-        return 1
-
-    def propose(self, context, k, params, draws, kind="draft"):
-        truth = self.text[len(context): len(context) + k]
-        tokens = [t if (len(context) + i) % self.miss else t + 1 for i, t in enumerate(truth)]
-        return Proposal(tokens=tokens, kind=kind)
-
-    def close(self):
-        pass
 
 
 def proposer(cost, text, drafter_miss, tree):

@@ -12,37 +12,15 @@ import copy
 
 import numpy as np
 import pytest
+from fake_proposers import ScriptedDrafter
 from policy_helpers import GREEDY, copy_text, cpu_seconds, flat_seconds
 
 from specdec.policy.auto import AutoProposer
 from specdec.policy.cost import CostModel
 from specdec.policy.refresh import CHANGE_FACTOR, HORIZON_MAX, HORIZON_MIN, REVIEW_EVERY, RefreshSchedule
 from specdec.policy.timing import TimingTable
-from specdec.proposers import EMPTY_PROPOSAL, Outcome, Proposal
-from specdec.proposers.base import DraftCost
+from specdec.proposers import EMPTY_PROPOSAL, Outcome
 from specdec.step import StepReport, TargetCall
-
-
-class TimedDrafter:
-    """A drafter that proposes the true text with every ``miss``-th draft wrong and reports ``token_seconds`` a
-    drafted token (what the cost model times it by)."""
-
-    def __init__(self, text: list[int], miss: int = 7):
-        self.text, self.miss, self.token_seconds = text, miss, 0.003
-
-    def prepare(self, context):
-        pass
-
-    def catchup(self, context):
-        return 1
-
-    def propose(self, context, k, params, draws, kind="draft"):
-        truth = self.text[len(context): len(context) + k]
-        tokens = [t if (len(context) + i) % self.miss else -1 for i, t in enumerate(truth)]
-        return Proposal(tokens=tokens, kind=kind, draft_cost=DraftCost(k, 1, k * self.token_seconds, kind))
-
-    def close(self):
-        pass
 
 
 def serve(cost, text, prompt_len, seconds, rng=None, drafter=None):
@@ -133,7 +111,7 @@ def test_a_drafter_ruled_out_while_busy_is_tried_again_when_the_plain_step_gets_
     run, so never re-timed); once the plain step's cost falls by CHANGE_FACTOR its timing is forgotten, and the
     engine drafts as a fresh one does."""
     text = np.random.default_rng(3).integers(0, 5000, 500).tolist()  # nothing repeats: n-gram never matches
-    cost, drafter = CostModel(), TimedDrafter(text)
+    cost, drafter = CostModel(), ScriptedDrafter(text, token_seconds=0.003)
     drafter.token_seconds = 0.03  # busy: a drafted token costs a plain step
     serve(cost, text, 100, flat_seconds, np.random.default_rng(0), drafter)
     drafter.token_seconds = 0.003
@@ -155,7 +133,7 @@ def test_a_timing_not_measured_for_a_horizon_is_forgotten_even_when_the_plain_st
     """Load that slowed the drafter but not the plain step: no drift, so the drafter's busy timing is forgotten
     by age, within the horizon the schedule had reached (plus one review), and the drafter is tried again."""
     text = np.random.default_rng(4).integers(0, 5000, 1200).tolist()
-    cost, drafter = CostModel(), TimedDrafter(text)
+    cost, drafter = CostModel(), ScriptedDrafter(text, token_seconds=0.003)
     drafter.token_seconds = 0.03
     serve(cost, text[:300], 100, flat_seconds, drafter=drafter)  # target clean, drafter 10x dear
     assert cost.draft_token.estimate(1) > 0.02
