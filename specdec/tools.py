@@ -122,6 +122,9 @@ class HermesFormat:
     CODE_OPEN = re.compile(r'```json\n\{[ \t\n]*"name"[ \t\n]*:[ \t\n]*"')
     CODE_HEAD = re.compile(r'((?:[^"\\]|\\.)*)"[ \t\n]*,[ \t\n]*"arguments"[ \t\n]*:[ \t\n]*')
     CODE_TAIL = re.compile(r'[ \t\n]*\}[ \t\n]*```')
+    BARE_OPEN = re.compile(r'[ \t\n]*\{[ \t\n]*"name"[ \t\n]*:[ \t\n]*"')
+    BARE_TAIL = re.compile(r'[ \t\n]*\}')
+    BARE_PREFIX = re.compile(r'[ \t\n]*(?:\{[ \t\n]*(?:"(?:n(?:a(?:m(?:e(?:"[ \t\n]*(?::[ \t\n]*)?)?)?)?)?)?)?)?')
 
     @staticmethod
     def detect(rendered: str) -> bool:
@@ -152,7 +155,9 @@ class HermesFormat:
         n = range(len(functions))
         lines = ["%llguidance {}"]
         if choice == "auto":
-            lines += [f"start: TEXT | call{'+' if parallel else ''} TEXT?",
+            lines += [f"start: TEXT | call{'+' if parallel else ''} TEXT? | bare_open code_body_bare",
+                      f"bare_open[lazy]: /{self.BARE_OPEN.pattern}/",
+                      "code_body_bare: " + " | ".join(f"bare_{i}" for i in n),
                       "call: tag_open tag_body | code_open code_body",
                       f"tag_open[lazy]: TEXT {json.dumps(self.OPEN)}",
                       f"code_open[lazy]: TEXT /{self.CODE_OPEN.pattern}/",
@@ -160,8 +165,9 @@ class HermesFormat:
                       r"WS: /[ \t\n]+/", r"TEXT: /(.|\n)*/"]
             for i, f in enumerate(functions):
                 args = {**f.parameters, "x-guidance": {"whitespace_flexible": True}}
-                lines.append(f'code_{i}: {json.dumps(f.name + chr(34))} WS? "," WS? "\\"arguments\\"" WS? ":" WS? '
-                             f'%json{json.dumps(args)} WS? "}}" WS? "```"')
+                head = f'{json.dumps(f.name + chr(34))} WS? "," WS? "\\"arguments\\"" WS? ":" WS? %json{json.dumps(args)} WS? "}}"'
+                lines.append(f'code_{i}: {head} WS? "```"')
+                lines.append(f"bare_{i}: {head}")
         else:
             more = f' ("\\n" {json.dumps(self.OPEN)} tag_body)*' if parallel else ""
             lines.append(f"start: {json.dumps(self.OPEN)} tag_body{more}")
@@ -172,13 +178,16 @@ class HermesFormat:
             lines.append(f'tag_{i}: "\\n" %json{json.dumps(schema)} "\\n{self.CLOSE}"')
         return GrammarSpec("lark", "\n".join(lines) + "\n")
 
-    def next_opening(self, text: str, pos: int) -> tuple[int, int, bool] | None:
-        """The first call opening in ``text`` from ``pos``: ``(start, end, is_code_block)``, or None."""
+    def next_opening(self, text: str, pos: int) -> tuple[int, int, str] | None:
+        """The first call opening in ``text`` from ``pos``: ``(start, end, form)`` (form ``"tag"``, ``"code"``
+        or ``"bare"``: a JSON object alone from the answer's start), or None."""
+        if pos == 0 and (bare := self.BARE_OPEN.match(text)) is not None:
+            return 0, bare.end(), "bare"
         tag = text.find(self.OPEN, pos)
         code = self.CODE_OPEN.search(text, pos)
         if code is not None and (tag < 0 or code.start() < tag):
-            return code.start(), code.end(), True
-        return (tag, tag + len(self.OPEN), False) if tag >= 0 else None
+            return code.start(), code.end(), "code"
+        return (tag, tag + len(self.OPEN), "tag") if tag >= 0 else None
 
     def may_open(self, tail: str) -> bool:
         """Whether ``tail`` (the end of the text so far) may grow into a call's opening."""
@@ -235,6 +244,8 @@ class ToolCallStream:
             stop = found[0] if found else len(text)
             if found is None and not final:
                 stop = next((j for j in range(max(pos, len(text) - 40), len(text)) if f.may_open(text[j:])), stop)
+                if pos == 0 and f.BARE_PREFIX.fullmatch(text):  # may become a bare call object
+                    stop = 0
             if stop > self._sent:
                 piece = text[max(pos, self._sent):stop]
                 content.append(piece)
@@ -242,8 +253,8 @@ class ToolCallStream:
                 self._sent = stop
             if found is None:
                 break
-            start, opened, code = found
-            parsed = self._call(text, opened, code, final)
+            start, opened, form = found
+            parsed = self._call(text, opened, form, final)
             if parsed is None:  # the head is not complete yet
                 break
             name, args, end = parsed
@@ -263,10 +274,12 @@ class ToolCallStream:
             i += 1
         return "".join(content), deltas
 
-    def _call(self, text: str, opened: int, code: bool, final: bool) -> tuple[str, str, int | None] | None:
+    def _call(self, text: str, opened: int, form: str, final: bool) -> tuple[str, str, int | None] | None:
         """``(name, arguments so far, end of the call or None)`` of the call opened at ``opened``, or None
-        while its head is incomplete."""
+        while its head is incomplete. An answer cut inside a call (``final``) keeps the arguments written,
+        less a closing part that had begun."""
         f = self.fmt
+        code = form != "tag"
         m = (f.CODE_HEAD if code else f.HEAD).match(text, opened)
         if m is None:
             return None
@@ -276,7 +289,7 @@ class ToolCallStream:
                 value, after = json.JSONDecoder().raw_decode(text, m.end())
             except ValueError:
                 return name, text[m.end():] if final else "", None
-            tail = f.CODE_TAIL.match(text, after)
+            tail = (f.CODE_TAIL if form == "code" else f.BARE_TAIL).match(text, after)
             if tail is None:
                 return name, text[m.end():after] if final else "", None
             return name, text[m.end():after], tail.end()
@@ -284,7 +297,7 @@ class ToolCallStream:
         if close >= 0:
             return name, text[m.end():close], close + len(f.TAIL)
         args = text[m.end():]
-        return name, args if final else args[: len(args) - _held(args, f.TAIL)], None
+        return name, args[: len(args) - _held(args, f.TAIL)], None
 
 
 def _held(text: str, tag: str) -> int:

@@ -76,7 +76,8 @@ def test_forced_choices_always_call_valid_functions(vocab, choice, parallel):
             assert parallel or len(calls) == 1
 
 
-@pytest.mark.parametrize("opening", ["Let me check. <tool_call>", '```json\n{\n  "name": "', "", "```json\n"])
+@pytest.mark.parametrize("opening", ["Let me check. <tool_call>", '```json\n{\n  "name": "', "", "```json\n",
+                                     '{"name": "'])
 def test_auto_allows_text_and_makes_every_call_valid(vocab, opening):
     """With auto, text is free until an opening; from there the call is valid (both of Qwen2.5's forms)."""
     spec = HermesFormat().grammar(list(FUNCTIONS.values()), "auto")
@@ -116,6 +117,9 @@ SAMPLES = [
     '<tool_call>\n{"name": "add", "arguments": {"a": 1',
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "}\\n</tool_call> <tool_call>", "days": 1}}\n</tool_call>',
     "plain text with ``` ticks and a <tool_ tag",
+    '{"name": "add", "arguments": {"a": 17, "b": 25}}',
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 1}}\n',
+    '{"id": 1}',
 ]
 
 
@@ -131,6 +135,11 @@ def test_parse_whole_answers():
     content, calls = parse_tool_calls(SAMPLES[4])  # the tags inside a string are text of the argument
     assert len(calls) == 1 and json.loads(calls[0].arguments)["city"] == "}\n</tool_call> <tool_call>"
     assert parse_tool_calls(SAMPLES[5]) == (SAMPLES[5], [])
+    content, calls = parse_tool_calls(SAMPLES[6])  # a call object alone (no tags, no code block): a call
+    assert content is None and [(c.name, c.complete) for c in calls] == [("add", True)]
+    content, calls = parse_tool_calls(SAMPLES[7])  # cut after the arguments, before the closing tag
+    assert json.loads(calls[0].arguments) == {"city": "Paris", "days": 1} and not calls[0].complete
+    assert parse_tool_calls(SAMPLES[8]) == (SAMPLES[8], [])  # other JSON stays text
     assert len({c.id for c in parse_tool_calls(SAMPLES[1])[1]}) == 2
 
 
