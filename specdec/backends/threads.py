@@ -78,10 +78,10 @@ class OtherLoad:
         return time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), time.process_time()
 
     def __call__(self) -> float | None:
-        if self._last is None:
-            return None
+        if self._last is None or time.monotonic() - self._last[0] < SAMPLE_SECONDS:
+            return None  # called on every decode call: /proc/stat is read once a second at most
         now = self._read()
-        if now is None or now[0] - self._last[0] < SAMPLE_SECONDS:
+        if now is None:
             return None
         (t0, b0, p0), (t1, b1, p1) = self._last, now
         self._last = now

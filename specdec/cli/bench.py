@@ -9,18 +9,14 @@ import sys
 from pathlib import Path
 
 from specdec.bench.runner import METHODS
-from specdec.cli.options import backend_choices
+from specdec.cli.options import add_hf_args, add_model_file_args, backend_choices
 
 
 def add_parser(sub) -> None:
     """Register ``bench`` on the subcommand parsers ``sub``."""
     b = sub.add_parser("bench", help="benchmark every method on Spec-Bench and HumanEval, with llama-server as peer")
-    b.add_argument("--target", help="target model: a known name or a GGUF path")
-    b.add_argument("--draft", action="append", default=None,
-                   help="draft model: a known name or a GGUF path; repeat for several drafters (auto weighs "
-                        "them all; draft, draft-pmin, hybrid and the peers use the first)")
-    b.add_argument("--n-ctx", type=int, default=4096, help="context window in tokens (default 4096)")
-    b.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
+    add_model_file_args(b, draft_help="draft model: a known name or a GGUF path; repeat for several drafters "
+                                      "(auto weighs them all; draft, draft-pmin, hybrid and the peers use the first)")
     b.add_argument("--data", default=None, help="folder with spec_bench/ and humaneval/ (default ../shared/data)")
     b.add_argument("--categories", default=None, help="comma-separated (default: all of them)")
     b.add_argument("--per-category", type=int, default=5, help="prompts per category (default 5)")
@@ -47,9 +43,7 @@ def add_parser(sub) -> None:
                    help="one GGUF backend (as --backends), or hf: specdec's transformers backend against "
                         "transformers' assisted generation and prompt lookup on the Spec-Bench categories "
                         "(methods: HF's and specdec's none/draft/ngram [+ auto if in --methods]; k = --draft-k)")
-    b.add_argument("--device", default=None, help="hf backend: cpu, cuda or cuda:N (default cpu)")
-    b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                   help="hf backend: weight dtype (default float32)")
+    add_hf_args(b)
     b.set_defaults(run=run)
 
 

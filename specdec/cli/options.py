@@ -9,8 +9,8 @@ import argparse
 import sys
 
 from specdec.options import (  # noqa: F401 (the subcommands' and scripts/options_doc.py's imports)
-    OneLineErrorParser, add_model_args, add_spec_args, backend_choices, check_model_args, load_engine_from_args,
-    spec_from_args,
+    OneLineErrorParser, add_hf_args, add_model_args, add_model_file_args, add_spec_args, backend_choices,
+    check_model_args, load_engine_from_args, spec_from_args,
 )
 from specdec.params import SamplingParams
 

@@ -29,13 +29,30 @@ def backend_choices() -> list[str]:
     return [*BACKENDS, *BACKEND_ALIASES]
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+DRAFT_HELP = ("draft model: a known name or a GGUF path (same vocabulary as the target); repeat for several drafters "
+              "(auto weighs each every step; draft and hybrid use the first)")
+
+
+def add_model_file_args(p: argparse.ArgumentParser, draft_help: str = DRAFT_HELP) -> None:
+    """``--target``, ``--draft``, ``--n-ctx`` and ``--threads``: which models, in what context and threads."""
     p.add_argument("--target", help="target model: a known name (see `specdec models`) or a GGUF path")
-    p.add_argument("--draft", action="append", default=None,
-                   help="draft model: a known name or a GGUF path (same vocabulary as the target); repeat for "
-                        "several drafters (auto weighs each every step; draft and hybrid use the first)")
+    p.add_argument("--draft", action="append", default=None, help=draft_help)
     p.add_argument("--n-ctx", type=int, default=4096, help="context window in tokens (default 4096)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads, fixed (default: one per physical core, fewer while other processes take cores)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads, fixed (default: one per physical core, fewer while other processes take cores)")
+
+
+def add_hf_args(p: argparse.ArgumentParser) -> None:
+    """``--device`` and ``--dtype`` of the hf backend."""
+    p.add_argument("--device", default=None, help="hf backend: cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="hf backend: weight dtype (default float32)")
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The model options of generate, serve and check: :func:`add_model_file_args`, ``--backend``,
+    ``--numerics`` and :func:`add_hf_args`."""
+    add_model_file_args(p)
     p.add_argument("--backend", choices=backend_choices(), default=None,
                    help="inference library: llama.cpp (GGUF, llama-cpp-python), ik_llama.cpp or ik (GGUF, faster CPU "
                         "kernels) or hf (transformers/PyTorch; HF folders, hub names, GGUF dequantized once) "
@@ -45,9 +62,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "whatever the method, k, other requests, prefix cache, chunks or threads (ik_llama.cpp); "
                         "fast: sequences share forward passes and one-token calls use the one-row kernels, which "
                         "can change a near-tie token (default: exact on ik_llama.cpp, fast elsewhere)")
-    p.add_argument("--device", default=None, help="hf backend: cpu, cuda or cuda:N (default cpu)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                   help="hf backend: weight dtype (default float32)")
+    add_hf_args(p)
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
