@@ -218,6 +218,7 @@ class ToolCallStream:
         self.outside: list[str] = []  # the text outside calls, in pieces
         self._sent = 0  # characters of text scanned as content
         self._args_sent: list[int] = []
+        self._pos = self._done = 0  # the end of the last complete call, and the complete calls before it
 
     def feed(self, text: str) -> tuple[str, list[dict]]:
         """Add text; return ``(content delta, tool_calls deltas)`` (OpenAI's streamed shapes)."""
@@ -238,7 +239,7 @@ class ToolCallStream:
         f, text = self.fmt, self.text
         content: list[str] = []
         deltas: list[dict] = []
-        pos, i = 0, 0
+        pos, i = self._pos, self._done  # from the end of the last complete call
         while True:
             found = f.next_opening(text, pos)
             stop = found[0] if found else len(text)
@@ -272,6 +273,7 @@ class ToolCallStream:
                 break
             pos, self._sent = end, max(self._sent, end)
             i += 1
+            self._pos, self._done = end, i  # complete calls are never read again
         return "".join(content), deltas
 
     def _call(self, text: str, opened: int, form: str, final: bool) -> tuple[str, str, int | None] | None:
