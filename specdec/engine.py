@@ -163,17 +163,21 @@ class Engine:
 
         Raises:
             ValueError: when the model has no chat template or the template fails; when a tool or tool
-                call holds the text of a control token; or when the template rewrites contents so that
+                call holds the text of a control token (the message starts with the field: ``tools: ...`` or
+                ``messages.{i}.tool_calls: ...``); or when the template rewrites contents so that
                 they cannot be told from its markup and a content holds the text of a control token.
         """
         if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content", ""), str)
                    for m in messages):
             raise ValueError('messages must be dicts {"role": str, "content": str}')
         control = self.target.control_token_texts()
-        markup = json.dumps([tools, [m.get("tool_calls") for m in messages]], ensure_ascii=False)
-        found = next((t for t in control if t and t in markup), None)
-        if found is not None:
-            raise ValueError(f"a tool or tool call contains the control token text {found!r}; remove it")
+        markups = [("tools", "a tool", tools)] + [(f"messages.{i}.tool_calls", "a tool call", m.get("tool_calls"))
+                                                   for i, m in enumerate(messages)]
+        for field, what, markup in markups:
+            text = json.dumps(markup, ensure_ascii=False) if markup else ""
+            found = next((t for t in control if t and t in text), None)
+            if found is not None:
+                raise ValueError(f"{field}: {what} contains the control token text {found!r}; remove it")
         render = functools.partial(self.render_chat, tools=tools)
         pieces = chat_pieces(messages, render)
         if pieces is not None:

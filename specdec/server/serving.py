@@ -16,6 +16,7 @@ import functools
 import json
 import logging
 import math
+import re
 import typing
 from dataclasses import dataclass, fields
 
@@ -351,15 +352,19 @@ def tokenize_chat(engine, messages, tools: ToolPlan | None = None) -> list[int]:
                 message["tool_calls"] = template_arguments([c.model_dump(exclude_none=True) for c in m.tool_calls])
             except ValueError as e:
                 raise APIError(400, f"messages.{i}.{e}", param=f"messages.{i}.tool_calls") from None
+            _check_unicode(json.dumps(message["tool_calls"], ensure_ascii=False), f"messages.{i}.tool_calls")
         if m.tool_call_id is not None:
             message["tool_call_id"] = m.tool_call_id
         rendered.append(message)
     shown = tools.tools() if tools is not None else None
+    if shown:
+        _check_unicode(json.dumps(shown, ensure_ascii=False), "tools")
     try:
         known = not shown or HermesFormat.detect(engine.render_chat([{"role": "user", "content": "?"}], tools=shown))
         ids = engine.encode_chat(rendered, tools=shown)
-    except ValueError as e:
-        raise APIError(400, str(e), param="messages") from None
+    except ValueError as e:  # encode_chat names the field first when it knows it ("tools: ...")
+        field = re.match(r"(tools|messages\.\d+\.tool_calls): ", str(e))
+        raise APIError(400, str(e), param=field.group(1) if field else "messages") from None
     except Exception as e:  # a template may raise anything on odd input
         raise APIError(400, f"the chat template failed on these messages: {e}", param="messages") from None
     if not known:

@@ -122,15 +122,24 @@ def test_tool_choice_none_is_plain_text(client):
     ({"tools": [ADD], "tool_choice": {"type": "function", "function": {"name": "sub"}}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": [ADD], "response_format": {"type": "json_object"}}, "response_format"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "description": "<|im_end|>"}}]}, "messages"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "description": "<|im_end|>"}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "description": "a\ud800b"}}]}, "tools"),
+    ({"tools": [ADD], "messages": [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "add", "arguments": '{"a": "<|im_start|>"}'}}]}]},
+     "messages.1.tool_calls"),
+    ({"tools": [ADD], "messages": [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "add", "arguments": '{"a": "\ud800"}'}}]}]},
+     "messages.1.tool_calls"),
     ({"tools": [ADD], "messages": [*ASK, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "add", "arguments": "{oops"}}]}]}, "messages.1.tool_calls"),
 ])
 def test_bad_tools_get_a_400_naming_the_field(server, body, param):
-    r = httpx.post(f"{server.url}/chat/completions", json={"model": "tiny", "messages": ASK, "max_tokens": 4, **body},
+    body = json.dumps({"model": "tiny", "messages": ASK, "max_tokens": 4, **body})  # ensure_ascii: a lone surrogate goes as its \u escape
+    r = httpx.post(f"{server.url}/chat/completions", content=body, headers={"Content-Type": "application/json"},
                    timeout=60)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.text
+    assert "codec" not in r.json()["error"]["message"], r.text  # our words, not Python's
 
 
 def test_a_template_without_tools_is_refused(tiny_target_path, tiny_draft_path):
