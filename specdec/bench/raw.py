@@ -59,7 +59,7 @@ class RawLlamaLoop:
         path = check_gguf(path)
         _init_llama()
         self._own_model = model is None
-        self._model = lc.llama_model_load_from_file(str(path).encode(), model_params()) \
+        self._model = lc.llama_model_load_from_file(str(path).encode(), model_params(path)) \
             if model is None else model
         if not self._model:
             raise RuntimeError(f"llama.cpp could not load {path}")

@@ -325,11 +325,14 @@ def test_cli_huge_n_ctx_is_one_line(tiny_target_path, capsys):
     assert "can address" in err and "Traceback" not in err and len(err.splitlines()) == 1, err
 
 
-def test_llama_cpp_model_params_avoid_the_amx_buffer_where_the_cpu_has_amx(monkeypatch):
-    """llama-cpp-python 0.3.36 segfaults in its AMX kernels on calls of 2+ tokens (seen on an AMX Xeon with
-    the default pair): where the CPU has AMX the extra buffer types are off unless SPECDEC_LLAMA_AMX=1."""
+def test_llama_cpp_model_params_avoid_the_amx_buffer_where_the_cpu_has_amx(monkeypatch, tmp_path):
+    """llama-cpp-python 0.3.36 built by GCC 12 segfaults in its AMX kernels on calls of 2+ tokens (seen on an
+    AMX Xeon with the default pair): where the CPU has AMX and nothing says the kernels run (no model to
+    probe, no verdict kept: tests/backends/test_llama_amx.py), the extra buffer types are off unless
+    SPECDEC_LLAMA_AMX=1."""
     from specdec.backends import llama_cpp
 
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     monkeypatch.delenv("SPECDEC_LLAMA_AMX", raising=False)
     monkeypatch.setattr(llama_cpp, "has_amx", lambda: True)
     assert llama_cpp.model_params().use_extra_bufts is False
