@@ -24,7 +24,19 @@ from specdec.request import Request, new_request, plan_speculation
 from specdec.step import speculative_step
 from specdec.types import GenerationResult, ModelInfo
 
-__all__ = ["Engine", "StreamChunk", "check_vocab_compatible"]
+__all__ = ["ChatInputError", "Engine", "StreamChunk", "check_vocab_compatible"]
+
+
+class ChatInputError(ValueError):
+    """Chat input the engine refuses, naming the field that holds the problem (OpenAI's ``param``).
+
+    Attributes:
+        field: ``"tools"`` or ``"messages.{i}.tool_calls"``.
+    """
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
 
 
 class Engine:
@@ -163,8 +175,7 @@ class Engine:
 
         Raises:
             ValueError: when the model has no chat template or the template fails; when a tool or tool
-                call holds the text of a control token (the message starts with the field: ``tools: ...`` or
-                ``messages.{i}.tool_calls: ...``); or when the template rewrites contents so that
+                call holds the text of a control token (:class:`ChatInputError`, naming the field); or when the template rewrites contents so that
                 they cannot be told from its markup and a content holds the text of a control token.
         """
         if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content", ""), str)
@@ -177,7 +188,7 @@ class Engine:
             text = json.dumps(markup, ensure_ascii=False) if markup else ""
             found = next((t for t in control if t and t in text), None)
             if found is not None:
-                raise ValueError(f"{field}: {what} contains the control token text {found!r}; remove it")
+                raise ChatInputError(f"{field}: {what} contains the control token text {found!r}; remove it", field)
         render = functools.partial(self.render_chat, tools=tools)
         pieces = chat_pieces(messages, render)
         if pieces is not None:

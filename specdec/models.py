@@ -309,12 +309,17 @@ def _write_record(spec: ModelSpec, final: Path, verified: os.stat_result) -> Non
     ``.sha256`` sidecar; someone else's file gets neither, as it is hashed on every start."""
     if not _ours(verified):
         return
-    _replace_text(_sidecar(final), f"{spec.sha256}  {final.name}\n")  # sha256sum's format, for people
-    _replace_text(_record(final), json.dumps({"sha256": spec.sha256, **_identity(verified)}) + "\n")
+    replace_text(_sidecar(final), f"{spec.sha256}  {final.name}\n")  # sha256sum's format, for people
+    replace_text(_record(final), json.dumps({"sha256": spec.sha256, **_identity(verified)}) + "\n")
 
 
-def _replace_text(path: Path, text: str) -> None:
-    # A new file renamed over the old: writing to the path itself would follow a planted symlink.
+def replace_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: a new file beside it, renamed over the old (readers
+    never see half of it; writing to the path itself would follow a planted symlink).
+
+    Raises:
+        OSError: when the folder is not writable or the disk is full (the temporary file is removed).
+    """
     fd, tmp = tempfile.mkstemp(prefix=f".{path.suffix[1:]}-", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:

@@ -1,5 +1,5 @@
 """CPU facts the backends need: how many physical cores this process may run on, and which thread counts
-make sense here."""
+make sense here; and the CPU's name, for benchmark reports."""
 
 from __future__ import annotations
 
@@ -24,6 +24,15 @@ def physical_cores() -> int:
     except (OSError, ValueError):
         pass
     return len(cores) or (len(allowed) if allowed else os.cpu_count()) or 1
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo's ``model name``), or ``"unknown"``."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown"
 
 
 THREADS_PER_CPU_MAX = 4

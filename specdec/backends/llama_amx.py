@@ -108,15 +108,15 @@ def _read_cache() -> dict:
 
 
 def _write_cache(key: str, value) -> None:
-    """Keep one verdict (written to a temporary file, then renamed into place: readers never see half)."""
+    """Keep one verdict (the file is replaced whole: readers never see half of it)."""
+    from specdec.models import replace_text
+
     f = _cache_file()
     try:
         f.parent.mkdir(parents=True, exist_ok=True)
         data = {k: v for k, v in _read_cache().items() if isinstance(v, bool) or _model_exists(k)}
         data[key] = value
-        tmp = f.with_name(f"{f.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        os.replace(tmp, f)
+        replace_text(f, json.dumps(data, indent=1))
     except OSError:
         pass  # a read-only cache: probe again next time
 

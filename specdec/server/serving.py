@@ -16,7 +16,6 @@ import functools
 import json
 import logging
 import math
-import re
 import typing
 from dataclasses import dataclass, fields
 
@@ -362,9 +361,8 @@ def tokenize_chat(engine, messages, tools: ToolPlan | None = None) -> list[int]:
     try:
         known = not shown or HermesFormat.detect(engine.render_chat([{"role": "user", "content": "?"}], tools=shown))
         ids = engine.encode_chat(rendered, tools=shown)
-    except ValueError as e:  # encode_chat names the field first when it knows it ("tools: ...")
-        field = re.match(r"(tools|messages\.\d+\.tool_calls): ", str(e))
-        raise APIError(400, str(e), param=field.group(1) if field else "messages") from None
+    except ValueError as e:
+        raise APIError(400, str(e), param=getattr(e, "field", "messages")) from None
     except Exception as e:  # a template may raise anything on odd input
         raise APIError(400, f"the chat template failed on these messages: {e}", param="messages") from None
     if not known:

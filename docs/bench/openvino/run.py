@@ -212,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table(rows, list(dict.fromkeys(r["method"] for r in rows))))
         return 0
 
+    from specdec.backends.cpu import cpu_name
     from specdec.bench.prompts import load_prompts
 
     methods = args.methods.split(",")
@@ -286,16 +287,6 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "table.md").write_text(md + "\n")
     print(md)
     return 0
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":
