@@ -15,7 +15,7 @@ from typing import Iterator, Sequence
 
 from specdec.policy.cost import CostModel
 from specdec.backends.base import Backend
-from specdec.backends.chat_template import chat_pieces, encode_pieces
+from specdec.backends.chat_template import chat_pieces, encode_pieces, template_roles
 from specdec.output import StreamChunk
 from specdec.params import SamplingParams, SpecConfig
 from specdec.proposers import Proposer, ProposerContext
@@ -31,7 +31,7 @@ class ChatInputError(ValueError):
     """Chat input the engine refuses, naming the field that holds the problem (OpenAI's ``param``).
 
     Attributes:
-        field: ``"tools"`` or ``"messages.{i}.tool_calls"``.
+        field: ``"tools"``, ``"messages.{i}.tool_calls"`` or ``"messages.{i}.tool_call_id"``.
     """
 
     def __init__(self, message: str, field: str):
@@ -159,31 +159,34 @@ class Engine:
 
         Args:
             messages: ``[{"role", "content", ...}]``; an assistant message may hold ``tool_calls`` (their
-                ``arguments`` objects, :func:`specdec.tools.template_arguments`).
+                ``arguments`` objects, :func:`specdec.tools.template_arguments`). A ``developer`` message
+                is the template's ``system`` one (:func:`~specdec.backends.chat_template.template_roles`).
             tools: OpenAI's ``tools`` shown to the model (the template's ``tools`` variable), or None.
 
         Raises:
             ValueError: when the model has no chat template or the template fails.
         """
-        return self.target.apply_chat_template(messages, tools=tools)
+        return self.target.apply_chat_template(template_roles(messages), tools=tools)
 
     def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """Chat messages to token ids (not validated: see :meth:`encode_prompt`): the template's markup
         with control tokens parsed, each message's content as plain text, so that a content holding
         ``<|im_end|>`` cannot end its turn (:mod:`specdec.backends.chat_template`). Tools and earlier tool
-        calls are rendered inside the markup, so one holding a control token's text is refused.
+        calls (and their ids) are rendered inside the markup, so one holding a control token's text is refused.
 
         Raises:
-            ValueError: when the model has no chat template or the template fails; when a tool or tool
-                call holds the text of a control token (:class:`ChatInputError`, naming the field); or when the template rewrites contents so that
+            ValueError: when the model has no chat template or the template fails; when a tool, tool
+                call or tool call id holds the text of a control token (:class:`ChatInputError`, naming the field); or when the template rewrites contents so that
                 they cannot be told from its markup and a content holds the text of a control token.
         """
         if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content", ""), str)
                    for m in messages):
             raise ValueError('messages must be dicts {"role": str, "content": str}')
         control = self.target.control_token_texts()
-        markups = [("tools", "a tool", tools)] + [(f"messages.{i}.tool_calls", "a tool call", m.get("tool_calls"))
-                                                   for i, m in enumerate(messages)]
+        markups = [("tools", "a tool", tools)]
+        for i, m in enumerate(messages):
+            markups += [(f"messages.{i}.tool_calls", "a tool call", m.get("tool_calls")),
+                        (f"messages.{i}.tool_call_id", "a tool call's id", m.get("tool_call_id"))]
         for field, what, markup in markups:
             text = json.dumps(markup, ensure_ascii=False) if markup else ""
             found = next((t for t in control if t and t in text), None)

@@ -16,8 +16,13 @@ The grammar is the contract of the parser: inside a call the JSON layout is fixe
 ``": "``, ``name`` before ``arguments``), so the parser never guesses. With ``tool_choice="auto"`` the
 model may write text instead: the call's opening tag is a lazy lexeme (llguidance), so text runs until the
 model writes ``<tool_call>``, and from there it must write a call. ``"required"`` and a named function make
-the answer start with a call. Everything stays lossless: the grammar is a mask on the target's distribution
-(:mod:`specdec.grammar`), applied with speculation exactly as any other grammar.
+the answer start with a call; without ``parallel_tool_calls`` the grammar ends after the one call.
+Everything stays lossless: the grammar is a mask on the target's distribution (:mod:`specdec.grammar`),
+applied with speculation exactly as any other grammar.
+
+The parser trusts nothing: it is given the names the request may call, and an opening followed by anything
+but the head of a call to one of them (another name, an escape, a layout the grammar does not write) is
+text, as vLLM's parsers leave text they cannot read as a call; no text makes it raise.
 
 Knows JSON schemas, strings and :mod:`specdec.grammar`; not models, HTTP or the chat template's engine.
 """
@@ -28,12 +33,14 @@ import json
 import re
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import AbstractSet, Any, Literal, Sequence
 
 from specdec.grammar import JSON_LAYOUT, GrammarSpec
+from specdec.grammar_limits import check_json_schema
 
-NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-"""OpenAI's rule for a function's name."""
+NAME = r"[a-zA-Z0-9_-]{1,64}"
+NAME_PATTERN = re.compile(NAME)
+"""OpenAI's rule for a function's name (use with ``fullmatch``: ``$`` would let a final newline through)."""
 
 EMPTY_PARAMETERS: dict = {"type": "object", "properties": {}}
 """A function declared without ``parameters`` takes none."""
@@ -57,7 +64,7 @@ class Function:
     description: str = ""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not NAME_PATTERN.match(self.name):
+        if not isinstance(self.name, str) or not NAME_PATTERN.fullmatch(self.name):
             raise ValueError(f"function name {self.name!r} must be 1-64 letters, digits, '_' or '-'")
         if not isinstance(self.parameters, dict):
             raise ValueError(f"function {self.name}: parameters must be a JSON schema (an object)")
@@ -65,6 +72,10 @@ class Function:
             raise ValueError(f"function {self.name}: parameters must describe an object (type \"object\")")
         import jsonschema
 
+        try:  # bounded first (GrammarTooLarge, a ValueError): jsonschema's own check is slow on deep chains
+            check_json_schema(self.parameters)
+        except ValueError as e:
+            raise ValueError(f"function {self.name}: parameters: {e}") from None
         try:
             jsonschema.validators.validator_for(self.parameters).check_schema(self.parameters)
         except jsonschema.SchemaError as e:
@@ -106,6 +117,24 @@ class ToolCall:
         return {**out, "id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
+_WS = (r"[ \t\n]*", r"[ \t\n]*")
+_NAME = (NAME, r"[a-zA-Z0-9_-]{0,64}")
+
+
+def _prefixes(*parts: str | tuple[str, str]) -> re.Pattern:
+    """A pattern whose full matches are the prefixes of the texts ``parts`` make in sequence: each part a
+    literal text or a ``(whole, prefix)`` pair of regexes (``prefix`` matching every prefix of ``whole``'s
+    texts, the empty one included)."""
+    out = ""
+    for part in reversed(parts):
+        if isinstance(part, str):
+            whole, prefix = re.escape(part), "".join(f"(?:{re.escape(c)}" for c in part) + ")?" * len(part)
+        else:
+            whole, prefix = part
+        out = f"(?:{prefix}|{whole}{out})" if out else prefix
+    return re.compile(out)
+
+
 class HermesFormat:
     """Qwen2.5's (Hermes') tool-call format: ``<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>``.
 
@@ -117,10 +146,12 @@ class HermesFormat:
 
     OPEN = "<tool_call>"
     CLOSE = "</tool_call>"
-    HEAD = re.compile(r'\n\{"name": "((?:[^"\\]|\\.)*)", "arguments": ')
+    HEAD = re.compile(rf'\n\{{"name": "({NAME})", "arguments": ')
+    HEAD_PREFIX = _prefixes('\n{"name": "', _NAME, '", "arguments": ')
     TAIL = "}\n" + CLOSE
     CODE_OPEN = re.compile(r'```json\n\{[ \t\n]*"name"[ \t\n]*:[ \t\n]*"')
-    CODE_HEAD = re.compile(r'((?:[^"\\]|\\.)*)"[ \t\n]*,[ \t\n]*"arguments"[ \t\n]*:[ \t\n]*')
+    CODE_HEAD = re.compile(rf'({NAME})"[ \t\n]*,[ \t\n]*"arguments"[ \t\n]*:[ \t\n]*')
+    CODE_HEAD_PREFIX = _prefixes(_NAME, '"', _WS, ",", _WS, '"arguments"', _WS, ":")
     CODE_TAIL = re.compile(r'[ \t\n]*\}[ \t\n]*```')
     BARE_OPEN = re.compile(r'[ \t\n]*\{[ \t\n]*"name"[ \t\n]*:[ \t\n]*"')
     BARE_TAIL = re.compile(r'[ \t\n]*\}')
@@ -135,8 +166,13 @@ class HermesFormat:
         """The Lark grammar (llguidance's dialect) of an answer under ``choice``.
 
         ``"auto"``: text, or calls each after any text (the opening is a lazy lexeme: text runs until the
-        first opening, and from there a call must follow), then any text. ``"required"``: one call (more
-        with ``parallel``), opened at once. A function's name: that function's call.
+        first opening, and from there a call must follow), then any text; without ``parallel``, text or one
+        call after any text, and nothing after it (free text after the call could hold another call that no
+        grammar checks). ``"required"``: one call (more with ``parallel``), opened at once. A function's
+        name: that function's call.
+
+        Each function's ``parameters`` is a JSON schema of its own (``%json``, its root the arguments'), so
+        that its local references (``"$ref": "#/$defs/X"``, as pydantic writes them) resolve.
 
         Args:
             functions: The request's tools (at least one).
@@ -155,7 +191,7 @@ class HermesFormat:
         n = range(len(functions))
         lines = ["%llguidance {}"]
         if choice == "auto":
-            lines += [f"start: TEXT | call{'+' if parallel else ''} TEXT? | bare_open code_body_bare",
+            lines += [f"start: TEXT | {'call+ TEXT?' if parallel else 'call'} | bare_open code_body_bare",
                       f"bare_open[lazy]: /{self.BARE_OPEN.pattern}/",
                       "code_body_bare: " + " | ".join(f"bare_{i}" for i in n),
                       "call: tag_open tag_body | code_open code_body",
@@ -172,10 +208,11 @@ class HermesFormat:
             more = f' ("\\n" {json.dumps(self.OPEN)} tag_body)*' if parallel else ""
             lines.append(f"start: {json.dumps(self.OPEN)} tag_body{more}")
         lines.append("tag_body: " + " | ".join(f"tag_{i}" for i in n))
-        for i, f in enumerate(functions):
-            schema = {"type": "object", "properties": {"name": {"const": f.name}, "arguments": f.parameters},
-                      "required": ["name", "arguments"], "additionalProperties": False, "x-guidance": JSON_LAYOUT}
-            lines.append(f'tag_{i}: "\\n" %json{json.dumps(schema)} "\\n{self.CLOSE}"')
+        tail = json.dumps(self.TAIL)
+        for i, f in enumerate(functions):  # {"name": ..., "arguments": ...} laid out as JSON_LAYOUT writes it
+            head = json.dumps(f'\n{{"name": "{f.name}", "arguments": ')
+            args = {**f.parameters, "x-guidance": JSON_LAYOUT}
+            lines.append(f"tag_{i}: {head} %json{json.dumps(args)} {tail}")
         return GrammarSpec("lark", "\n".join(lines) + "\n")
 
     def next_opening(self, text: str, pos: int) -> tuple[int, int, str] | None:
@@ -207,18 +244,26 @@ class ToolCallStream:
 
     Text outside calls is content (an end that may become a call's opening is held back). A call's name
     goes out once its head is complete; its arguments as they grow in the template's own form (the call's
-    closing ``}`` and tag held back), whole once complete in a code block. Assumes the layouts
-    :meth:`HermesFormat.grammar` enforces.
+    closing ``}`` and tag held back), whole once complete in a code block. Reads the layouts
+    :meth:`HermesFormat.grammar` enforces; an opening not followed by the head of a call to one of ``names``
+    (in that layout) is text, and so is everything up to the next opening. Never raises on any text.
+
+    Args:
+        fmt: The format (Hermes').
+        names: The functions the answer may call (the request's tools); None: any name OpenAI allows.
     """
 
-    def __init__(self, fmt: HermesFormat | None = None):
+    def __init__(self, fmt: HermesFormat | None = None, names: AbstractSet[str] | None = None):
         self.fmt = fmt or HermesFormat()
+        self.names = names
         self.text = ""
         self.calls: list[ToolCall] = []
         self.outside: list[str] = []  # the text outside calls, in pieces
         self._sent = 0  # characters of text scanned as content
         self._args_sent: list[int] = []
-        self._pos = self._done = 0  # the end of the last complete call, and the complete calls before it
+        # where the search for openings resumes (after the last complete call or an opening found to be
+        # text: neither is read again), and the complete calls before it
+        self._pos = self._done = 0
 
     def feed(self, text: str) -> tuple[str, list[dict]]:
         """Add text; return ``(content delta, tool_calls deltas)`` (OpenAI's streamed shapes)."""
@@ -239,7 +284,7 @@ class ToolCallStream:
         f, text = self.fmt, self.text
         content: list[str] = []
         deltas: list[dict] = []
-        pos, i = self._pos, self._done  # from the end of the last complete call
+        pos, i = self._pos, self._done
         while True:
             found = f.next_opening(text, pos)
             stop = found[0] if found else len(text)
@@ -248,17 +293,20 @@ class ToolCallStream:
                 if pos == 0 and f.BARE_PREFIX.fullmatch(text):  # may become a bare call object
                     stop = 0
             if stop > self._sent:
-                piece = text[max(pos, self._sent):stop]
+                piece = text[self._sent:stop]
                 content.append(piece)
                 self.outside.append(piece)
                 self._sent = stop
             if found is None:
                 break
             start, opened, form = found
-            parsed = self._call(text, opened, form, final)
-            if parsed is None:  # the head is not complete yet
+            head = self._head(text, opened, form, final)
+            if head is True:  # the head is not complete yet
                 break
-            name, args, end = parsed
+            if head is False:  # not a call: text, up to the next opening after this one
+                pos = self._pos = opened
+                continue
+            name, args, end = self._call(text, head, form, final)
             if i == len(self.calls):
                 self.calls.append(ToolCall(name, args, complete=end is not None))
                 self._args_sent.append(0)
@@ -273,32 +321,38 @@ class ToolCallStream:
                 break
             pos, self._sent = end, max(self._sent, end)
             i += 1
-            self._pos, self._done = end, i  # complete calls are never read again
+            self._pos, self._done = end, i
         return "".join(content), deltas
 
-    def _call(self, text: str, opened: int, form: str, final: bool) -> tuple[str, str, int | None] | None:
-        """``(name, arguments so far, end of the call or None)`` of the call opened at ``opened``, or None
-        while its head is incomplete. An answer cut inside a call (``final``) keeps the arguments written,
-        less a closing part that had begun."""
+    def _head(self, text: str, opened: int, form: str, final: bool) -> re.Match | bool:
+        """The head of the call opened at ``opened`` (its match; group 1 the name); True while the text
+        may still become the head of a call to one of :attr:`names`; False when it cannot (or the answer
+        ended first): the opening is text."""
         f = self.fmt
-        code = form != "tag"
-        m = (f.CODE_HEAD if code else f.HEAD).match(text, opened)
-        if m is None:
-            return None
-        name = json.loads(f'"{m.group(1)}"')
-        if code:  # arguments go out whole: the model's own layout, any whitespace
+        head, prefixes = (f.HEAD, f.HEAD_PREFIX) if form == "tag" else (f.CODE_HEAD, f.CODE_HEAD_PREFIX)
+        m = head.match(text, opened)
+        if m is not None:
+            return m if self.names is None or m.group(1) in self.names else False
+        return not final and prefixes.fullmatch(text, opened) is not None
+
+    def _call(self, text: str, head: re.Match, form: str, final: bool) -> tuple[str, str, int | None]:
+        """``(name, arguments so far, end of the call or None)`` of the call whose head is ``head``. An
+        answer cut inside a call (``final``) keeps the arguments written, less a closing part that had
+        begun."""
+        f, name = self.fmt, head.group(1)
+        if form != "tag":  # arguments go out whole: the model's own layout, any whitespace
             try:
-                value, after = json.JSONDecoder().raw_decode(text, m.end())
-            except ValueError:
-                return name, text[m.end():] if final else "", None
+                _, after = json.JSONDecoder().raw_decode(text, head.end())
+            except (ValueError, RecursionError):  # not complete yet (or nested past Python's limit)
+                return name, text[head.end():] if final else "", None
             tail = (f.CODE_TAIL if form == "code" else f.BARE_TAIL).match(text, after)
             if tail is None:
-                return name, text[m.end():after] if final else "", None
-            return name, text[m.end():after], tail.end()
-        close = text.find(f.TAIL, m.end())  # a TAIL inside the JSON would have its newline escaped
+                return name, text[head.end():after] if final else "", None
+            return name, text[head.end():after], tail.end()
+        close = text.find(f.TAIL, head.end())  # a TAIL inside the JSON would have its newline escaped
         if close >= 0:
-            return name, text[m.end():close], close + len(f.TAIL)
-        args = text[m.end():]
+            return name, text[head.end():close], close + len(f.TAIL)
+        args = text[head.end():]
         return name, args[: len(args) - _held(args, f.TAIL)], None
 
 
@@ -310,10 +364,12 @@ def _held(text: str, tag: str) -> int:
     return 0
 
 
-def parse_tool_calls(text: str, fmt: HermesFormat | None = None) -> tuple[str | None, list[ToolCall]]:
-    """``(content, calls)`` of a whole answer: the text before the first call (None when empty and there
-    are calls) and the calls in order (a call cut short by ``max_tokens`` has ``complete=False``)."""
-    stream = ToolCallStream(fmt)
+def parse_tool_calls(text: str, fmt: HermesFormat | None = None,
+                     names: AbstractSet[str] | None = None) -> tuple[str | None, list[ToolCall]]:
+    """``(content, calls)`` of a whole answer: the text outside calls (None when only whitespace and there
+    are calls) and the calls to ``names`` (None: any name) in order (a call cut short by ``max_tokens`` has
+    ``complete=False``); what :class:`ToolCallStream` gives, at once."""
+    stream = ToolCallStream(fmt, names)
     stream.feed(text)
     stream.finish()
     return stream.content, stream.calls

@@ -1,6 +1,8 @@
 """Tool calls (issue 39): the grammar of each tool_choice makes every call valid against its function's
 schema, the parser reads what the grammar allows (whole or streamed, split anywhere), and the chat
-template renders a call from the history exactly as the grammar makes the model write it."""
+template renders a call from the history exactly as the grammar makes the model write it. Issue 45: without
+parallel calls the grammar ends after the call; the parser returns calls to the request's functions only and
+never raises, whatever the text; parameters with ``$defs`` / ``$ref`` (pydantic's) work in both forms."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from hypothesis import strategies as st
 from tiny_gguf import QWEN2_5_TEMPLATE
 
 from specdec.backends.chat_template import ChatTemplate
-from specdec.tools import Function, HermesFormat, ToolCallStream, parse_tool_calls, template_arguments
+from specdec.tools import NAME_PATTERN, Function, HermesFormat, ToolCallStream, parse_tool_calls, template_arguments
 
 pytest.importorskip("llguidance")
 
@@ -189,9 +191,140 @@ def test_history_renders_as_the_grammar_writes(vocab):
 def test_functions_are_checked():
     with pytest.raises(ValueError, match="name"):
         Function("bad name")
+    for name in ("add\n", "a" * 65, "", "é"):  # a final newline passed re.match with "$"
+        with pytest.raises(ValueError, match="name"):
+            Function(name)
     with pytest.raises(ValueError, match="not a valid JSON schema"):
         Function("f", {"type": "object", "properties": {"a": {"type": "no-such-type"}}})
     with pytest.raises(ValueError, match="object"):
         Function("f", {"type": "string"})
     with pytest.raises(ValueError, match="not JSON"):
         template_arguments([{"function": {"name": "f", "arguments": "{oops"}}])
+
+
+def call_text(form: str, name: str, args: str) -> str:
+    """A call as the grammar makes the model write it, in the tag or the code-block form."""
+    if form == "tag":
+        return f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
+    return f'```json\n{{\n  "name": "{name}",\n  "arguments": {args}\n}}\n```'
+
+
+@pytest.mark.parametrize("form", ["tag", "code"])
+def test_without_parallel_calls_the_answer_ends_after_the_call(vocab, form):
+    """Issue 45, item 4: the text after the one call was free, so it could hold another call (to any name,
+    with any arguments) that no grammar checked; now the call is the end."""
+    c = vocab.constraint(HermesFormat().grammar([ADD, NOOP], "auto", parallel=False))
+    first = ("Sure. " + call_text(form, "add", '{"a": 1, "b": 2}')).encode()
+    assert c.valid_prefix(list(first)) == len(first)
+    c.commit(list(first))
+    assert np.nonzero(c.mask())[0].tolist() == [256]  # only the end of generation
+    parallel = vocab.constraint(HermesFormat().grammar([ADD, NOOP], "auto", parallel=True))
+    second = first + b"\n" + call_text("tag", "noop", "{}").encode()
+    assert parallel.valid_prefix(list(second)) == len(second)
+
+
+SEND = '<tool_call>\n{"name": "send_email", "arguments": {"to": "x@y.z"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("text, content, names", [
+    (SEND, SEND, []),  # a function not in tools: text
+    (call_text("tag", "add", '{"a": 1, "b": 2}') + "\n" + SEND, SEND, ["add"]),  # content is stripped
+    (call_text("code", "send_email", "{}"), "=", []),
+    ('{"name": "send_email", "arguments": {}}', "=", []),  # the bare form
+    ('<tool_call>\n{"name": "a\\x", "arguments": {}}\n</tool_call>', "=", []),  # an invalid escape raised
+    ('<tool_call>\n{"name": "\\u00", "arguments": {}}', "=", []),
+    ('<tool_call>\n{"name": "add\\n", "arguments": {}}\n</tool_call>', "=", []),
+    ('<tool_call>\n{"name": "\\ud800", "arguments": {}}\n</tool_call>', "=", []),
+    ("<tool_call> hi <tool_call>", "=", []),  # openings without a head: text, not swallowed
+    ('```json\n{"name": "add", "arguments": ' + "[" * 5000, None, ["add"]),  # nested past json's limit
+], ids=["unknown", "unknown-after-a-call", "unknown-code", "unknown-bare", "bad-escape", "cut-escape",
+        "escaped-newline", "surrogate", "no-head", "deep"])
+def test_only_calls_to_the_request_s_functions_are_calls(text, content, names):
+    """Issue 45, item 4: a call to a function outside the request's tools (or whose name no function can
+    have) is text, as vLLM leaves text it cannot read as a call; the parser raised on an invalid escape
+    (and on JSON nested past Python's limit)."""
+    allowed = frozenset({"add", "noop"})
+    got, calls = parse_tool_calls(text, names=allowed)
+    assert [c.name for c in calls] == names
+    assert got == (text if content == "=" else content)
+    stream = ToolCallStream(names=allowed)
+    pieces = [stream.feed(ch)[0] for ch in text] + [stream.finish()[0]]
+    assert "".join(pieces) == "".join(stream.outside) and [c.name for c in stream.calls] == names
+    assert stream.content == got
+
+
+FRAGMENTS = ["<tool_call>", "</tool_call>", "<tool_", "\n", '{"name": "', '{\n  "name": "', '", "arguments": ',
+             '"arguments"', "add", "noop", "send_email", "a" * 70, "{", "}", "[", "]", '"', "\\", "\\u", "\\ud800",
+             "\\x", "```json\n", "```", "``", " ", ":", ",", "1", "é", "\ud800", "}\n</tool_call>", "\n```",
+             '<tool_call>\n{"name": "add", "arguments": ', '<tool_call>\n{"name": "send_email", "arguments": ',
+             '```json\n{"name": "noop", "arguments": ', '{"name": "add", "arguments": ', '{"a": 1}', SEND,
+             call_text("tag", "add", '{"a": 1, "b": 2}'), call_text("code", "noop", "{}"), call_text("code", "x", "{}")]
+ANSWERS = st.one_of(st.lists(st.sampled_from(FRAGMENTS), max_size=30).map("".join), st.text(max_size=200))
+
+
+@settings(max_examples=500, deadline=None)
+@given(ANSWERS, st.sampled_from([None, frozenset({"add", "noop"}), frozenset()]), st.lists(st.integers(0, 400)))
+def test_no_text_makes_the_parser_raise_or_call_another_function(text, names, cuts):
+    """Issue 45, item 4: whatever the model writes (tag fragments, bad escapes, lone surrogates, bad
+    JSON), the parser neither raises nor returns a call to a function outside ``names``, and the stream,
+    split anywhere, gives what the whole text gives."""
+    content, calls = parse_tool_calls(text, names=names)
+    for call in calls:
+        assert NAME_PATTERN.fullmatch(call.name) and (names is None or call.name in names)
+    stream = ToolCallStream(names=names)
+    cuts = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
+    streamed, args = "", {}
+    for a, b in zip(cuts, cuts[1:]):
+        piece, deltas = stream.feed(text[a:b])
+        streamed += piece
+        for d in deltas:
+            args[d["index"]] = args.get(d["index"], "") + d["function"]["arguments"]
+    piece, deltas = stream.finish()
+    streamed += piece
+    for d in deltas:
+        args[d["index"]] = args.get(d["index"], "") + d["function"]["arguments"]
+    assert [(c.name, c.arguments) for c in stream.calls] == [(c.name, c.arguments) for c in calls]
+    assert [args.get(i, "") for i in range(len(calls))] == [c.arguments for c in calls]
+    assert stream.content == content and streamed == "".join(stream.outside)
+
+
+def pydantic_parameters() -> dict:
+    """Arguments as pydantic writes their schema: the nested model under ``$defs``, ``$ref`` to it."""
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Address(BaseModel):
+        city: str = Field(max_length=10)
+        zip: str = Field(pattern=r"^[0-9]{5}$")
+
+    class Ship(BaseModel):
+        to: Address
+        back: Address | None = None
+        speed: Literal["slow", "fast"] = "slow"
+
+    schema = Ship.model_json_schema()
+    assert schema["properties"]["to"] == {"$ref": "#/$defs/Address"}
+    return schema
+
+
+@pytest.mark.parametrize("choice, opening", [("auto", "<tool_call>"), ("auto", '```json\n{"name": "'),
+                                             ("auto", ""), ("required", ""), ("ship", "")])
+def test_parameters_with_defs_and_refs_work_in_both_forms(vocab, choice, opening):
+    """Issue 45, item 8: pydantic's ``$defs`` + ``"$ref": "#/$defs/X"`` got a 400 ("Pointer '/$defs/X'
+    does not exist"): the schema was nested in the call's, where its pointers lead nowhere."""
+    ship = Function("ship", pydantic_parameters())
+    spec = HermesFormat().grammar([ADD, ship], choice)
+    rng = random.Random(len(opening))
+    seen = set()
+    for _ in range(10):
+        text, ended = walk(vocab, spec, rng, prefix=opening, limit=600)
+        _, calls = parse_tool_calls(text, names={"add", "ship"})
+        for call in calls:
+            seen.add(call.name)
+            if call.complete:
+                jsonschema.validate(json.loads(call.arguments), {"add": ADD, "ship": ship}[call.name].parameters)
+    assert choice != "ship" or seen == {"ship"}
+    c = vocab.constraint(HermesFormat().grammar([ship], "ship"))
+    bad = b'<tool_call>\n{"name": "ship", "arguments": {"to": {"city": "Paris", "zip": "7500x'
+    assert c.valid_prefix(list(bad)) == len(bad) - 1  # the $ref'd schema holds: five digits

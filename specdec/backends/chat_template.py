@@ -12,6 +12,9 @@ the rendering are the template's markup and which are contents, and :func:`encod
 that control tokens are parsed in the markup only. For contents without control-token text the result is
 exactly the tokenization of the whole rendering with control tokens parsed.
 
+OpenAI's ``developer`` role (newer clients' name of the system role) is rendered as the template's system
+turn (:func:`template_roles`, as vLLM does), and :func:`unshown` finds messages a template leaves out.
+
 Shared by every backend; knows strings and a tokenize function only.
 """
 
@@ -75,6 +78,34 @@ class ChatTemplate:
             )
         except jinja2.TemplateError as e:
             raise ValueError(f"chat template of {self.model_name} failed: {e}") from e
+
+
+ROLES = {"developer": "system"}
+"""OpenAI's roles that chat templates know by another name."""
+
+
+def template_roles(messages: Sequence[dict]) -> list[dict]:
+    """``messages`` with each role a chat template knows: ``developer`` becomes ``system`` (in place: a
+    ``system`` message before it stays a turn of its own, and a template that places a system message
+    only first refuses or drops a later one; :func:`unshown` finds the latter)."""
+    return [{**m, "role": ROLES[m["role"]]} if isinstance(m, dict) and m.get("role") in ROLES else m
+            for m in messages]
+
+
+def unshown(messages: Sequence[dict], render: Callable[[list[dict]], str], roles: Sequence[str]) -> list[int]:
+    """Indices of the messages of ``roles`` whose non-empty contents the rendering leaves out (a template
+    that shows no system turn, or only the first).
+
+    Raises:
+        ValueError: whatever ``render`` raises.
+    """
+    nonce = secrets.token_hex(8)
+    picked = [i for i, m in enumerate(messages) if m.get("role") in roles and m.get("content")]
+    if not picked:
+        return []
+    rendered = render([{**m, "content": f"\ue000{nonce}:{i}\ue001"} if i in picked else m
+                       for i, m in enumerate(messages)])
+    return [i for i in picked if f"\ue000{nonce}:{i}\ue001" not in rendered]
 
 
 Piece = tuple[str, bool]

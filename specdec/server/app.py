@@ -233,7 +233,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         head = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": config.model_name}
         prov = provenance.wanted(req)
         calls = tools is not None and tools.calls  # the answers are parsed for tool calls
-        parsers = [ToolCallStream() for _ in choices.jobs] if calls else None
+        parsers = [ToolCallStream(names=tools.names) for _ in choices.jobs] if calls else None
 
         def delta(i: int, d: Delta, lps=None, finish: str | None = None, toks=None) -> ChatChunkChoice:
             return ChatChunkChoice(index=i, delta=d, logprobs=logprobs.chat_logprobs(engine, lps), finish_reason=finish,
@@ -263,7 +263,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         def message(r) -> tuple[dict, str]:
             if not calls:
                 return {"content": r.text}, r.finish_reason
-            text, found = parse_tool_calls(r.text)
+            text, found = parse_tool_calls(r.text, names=tools.names)
             return ({"content": text, "tool_calls": [c.wire() for c in found] or None},
                     _tool_finish(r.finish_reason, found))
 

@@ -101,8 +101,9 @@ class ToolCallIn(_Lenient):
 class ChatMessage(_Lenient):
     """One chat message. ``content`` may be null (or absent) only in an assistant message with
     ``tool_calls``, as in OpenAI's API (refused with the content's ``param`` when the messages are
-    rendered); a ``role: "tool"`` message answers a call (``tool_call_id``). Other extra fields
-    (``name``) are accepted and ignored."""
+    rendered); a ``role: "tool"`` message answers a call (``tool_call_id``, checked as the template's
+    markup: no control token's text); ``role: "developer"`` (newer clients' name of the system role) is
+    rendered as the template's system turn. Other extra fields (``name``) are accepted and ignored."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None

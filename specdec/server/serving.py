@@ -30,6 +30,7 @@ from specdec.server.protocol import (
 )
 from specdec.params import SamplingParams, SpecConfig
 from specdec.stats import acceptance_rate, mean_accepted_length
+from specdec.backends.chat_template import unshown
 from specdec.tools import EMPTY_PARAMETERS, Function, HermesFormat, template_arguments
 from specdec.types import GenerationResult
 
@@ -133,6 +134,14 @@ class ToolPlan:
         """The tools the chat template shows the model (none for ``tool_choice="none"``, as vLLM's
         ``--exclude-tools-when-tool-choice-none``: a model shown tools may call them anyway)."""
         return [f.tool() for f in self.functions] if self.calls else None
+
+    @property
+    def names(self) -> frozenset[str]:
+        """The functions the answer may call (the parser reads calls to these only): the one
+        ``tool_choice`` names, else all."""
+        if self.choice in ("auto", "required", "none"):
+            return frozenset(f.name for f in self.functions)
+        return frozenset({self.choice})
 
 
 def tool_plan(req: ChatCompletionRequest) -> ToolPlan | None:
@@ -327,12 +336,14 @@ def tokenize_completion_prompts(engine, prompt) -> list[list[int]]:
 
 def tokenize_chat(engine, messages, tools: ToolPlan | None = None) -> list[int]:
     """Render the messages (and the tools the model is shown) with the target's chat template and tokenize:
-    control tokens are parsed in the template's markup only, never in a message's content, and tools or
-    earlier calls holding a control token's text are refused (:meth:`Engine.encode_chat`).
+    control tokens are parsed in the template's markup only, never in a message's content, and tools,
+    earlier calls or their ids holding a control token's text are refused (:meth:`Engine.encode_chat`). A
+    ``developer`` message is rendered as the template's system turn, where it stands (as vLLM does).
 
     Raises:
-        APIError: 400 for a message without content, a call whose arguments are not JSON, a template
-            that fails, or tools with a model whose chat template has no tool-call format this server knows.
+        APIError: 400 naming the field for a message without content, a call whose arguments are not JSON,
+            a template that fails, a system or developer message the template leaves out, or tools with a
+            model whose chat template has no tool-call format this server knows.
     """
     rendered = []
     for i, m in enumerate(messages):
@@ -353,6 +364,7 @@ def tokenize_chat(engine, messages, tools: ToolPlan | None = None) -> list[int]:
                 raise APIError(400, f"messages.{i}.{e}", param=f"messages.{i}.tool_calls") from None
             _check_unicode(json.dumps(message["tool_calls"], ensure_ascii=False), f"messages.{i}.tool_calls")
         if m.tool_call_id is not None:
+            _check_unicode(m.tool_call_id, f"messages.{i}.tool_call_id")
             message["tool_call_id"] = m.tool_call_id
         rendered.append(message)
     shown = tools.tools() if tools is not None else None
@@ -360,11 +372,17 @@ def tokenize_chat(engine, messages, tools: ToolPlan | None = None) -> list[int]:
         _check_unicode(json.dumps(shown, ensure_ascii=False), "tools")
     try:
         known = not shown or HermesFormat.detect(engine.render_chat([{"role": "user", "content": "?"}], tools=shown))
+        left_out = unshown(rendered, functools.partial(engine.render_chat, tools=shown), ("system", "developer"))
         ids = engine.encode_chat(rendered, tools=shown)
     except ValueError as e:
         raise APIError(400, str(e), param=getattr(e, "field", "messages")) from None
     except Exception as e:  # a template may raise anything on odd input
         raise APIError(400, f"the chat template failed on these messages: {e}", param="messages") from None
+    if left_out:
+        i = left_out[0]
+        raise APIError(400, f"messages.{i}: this model's chat template leaves this {messages[i].role} message out "
+                       "(a developer message is a system one); send it first, or as user text",
+                       param=f"messages.{i}")
     if not known:
         raise APIError(400, "tools: this model's chat template does not show tools in a format this server "
                        "knows (Qwen2.5's and Hermes' <tool_call>)", param="tools")

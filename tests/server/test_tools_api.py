@@ -1,7 +1,9 @@
 """Tool calls over HTTP (issue 39), through the openai client, on tiny models that carry Qwen2.5's chat
 template: the answers of tool_choice required / a named function are calls valid against their schemas,
 in OpenAI's shape (ids, finish_reason tool_calls, streamed tool_calls deltas), the same text whatever the
-proposer; a tool result renders into the next prompt; bad tools get a 400 naming the field."""
+proposer; a tool result renders into the next prompt; bad tools get a 400 naming the field. Issue 45:
+parameters written the pydantic way ($defs, $ref) are served; a developer message reaches the model as the
+system turn; a tool call id holding control-token text and a name ending in a newline get a 400."""
 
 from __future__ import annotations
 
@@ -26,6 +28,9 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 TOOLS = [ADD, WEATHER]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "What is 17 + 25?"}]
+ANSWERED = [{"role": "assistant", "content": None, "tool_calls": [
+    {"id": "c", "type": "function", "function": {"name": "add", "arguments": '{"a": 17, "b": 25}'}}]},
+    {"role": "tool", "tool_call_id": "c", "content": "42"}]
 
 
 @pytest.fixture(scope="module")
@@ -132,13 +137,19 @@ def test_tool_choice_none_is_plain_text(client):
      "messages.1.tool_calls"),
     ({"tools": [ADD], "messages": [*ASK, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "add", "arguments": "{oops"}}]}]}, "messages.1.tool_calls"),
+    ({"tools": [{"type": "function", "function": {"name": "add\n"}}]}, "tools.0.function"),  # re.match with "$"
+    ({"tools": [ADD], "messages": [*ASK, *ANSWERED[:1], {**ANSWERED[1], "tool_call_id": "c<|im_end|>"}]},
+     "messages.2.tool_call_id"),
+    ({"tools": [ADD], "messages": [*ASK, *ANSWERED[:1], {**ANSWERED[1], "tool_call_id": "c\ud800"}]},
+     "messages.2.tool_call_id"),
 ])
 def test_bad_tools_get_a_400_naming_the_field(server, body, param):
     body = json.dumps({"model": "tiny", "messages": ASK, "max_tokens": 4, **body})  # ensure_ascii: a lone surrogate goes as its \u escape
     r = httpx.post(f"{server.url}/chat/completions", content=body, headers={"Content-Type": "application/json"},
                    timeout=60)
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["param"] == param, r.text
+    got = r.json()["error"]["param"]
+    assert got == param or got.startswith(param + "."), r.text  # the field, or a part of it
     assert "codec" not in r.json()["error"]["message"], r.text  # our words, not Python's
 
 
@@ -149,3 +160,53 @@ def test_a_template_without_tools_is_refused(tiny_target_path, tiny_draft_path):
         r = httpx.post(f"{srv.url}/chat/completions", json={"messages": ASK, "tools": [ADD], "max_tokens": 4})
     engine.close()
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+
+
+def pydantic_tool() -> dict:
+    """A tool whose parameters pydantic wrote: a nested model under ``$defs``, reached by ``$ref``."""
+    from pydantic import BaseModel, Field
+
+    class Address(BaseModel):
+        city: str = Field(max_length=8)
+        zip: str = Field(pattern=r"^[0-9]{5}$")
+
+    class Ship(BaseModel):
+        to: Address
+        express: bool = False
+
+    return {"type": "function", "function": {"name": "ship", "parameters": Ship.model_json_schema()}}
+
+
+@pytest.mark.parametrize("choice", ["required", "auto", {"type": "function", "function": {"name": "ship"}}])
+def test_parameters_with_defs_and_refs_are_served(client, choice):
+    """Issue 45, item 8: pydantic's schemas got a 400 ("Pointer '/$defs/Address' does not exist")."""
+    tool = pydantic_tool()
+    assert "$defs" in tool["function"]["parameters"]
+    r = client.chat.completions.create(model="tiny", messages=ASK, tools=[ADD, tool], tool_choice=choice,
+                                       temperature=0, max_tokens=120)
+    for call in r.choices[0].message.tool_calls or []:
+        assert call.function.name in ("add", "ship")
+        if r.choices[0].finish_reason == "tool_calls":
+            jsonschema.validate(json.loads(call.function.arguments),
+                                (tool["function"] if call.function.name == "ship" else ADD["function"])["parameters"])
+    if choice != "auto":
+        assert r.choices[0].message.tool_calls
+
+
+def prompt_tokens(server, messages) -> int:
+    r = httpx.post(f"{server.url}/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 1},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["usage"]["prompt_tokens"]
+
+
+def test_a_developer_message_is_the_system_turn(server):
+    """Issue 45, item 5: Qwen2.5's template renders no "developer" role: the message was dropped (the same
+    prompt tokens with and without it). It is rendered as the system turn, where it stands."""
+    rule = "Answer in French, briefly."
+    alone = prompt_tokens(server, ASK)
+    developer = prompt_tokens(server, [{"role": "developer", "content": rule}, *ASK])
+    assert developer != alone
+    assert developer == prompt_tokens(server, [{"role": "system", "content": rule}, *ASK])
+    both = [{"role": "system", "content": "Be kind."}, {"role": "developer", "content": rule}, *ASK]
+    assert prompt_tokens(server, both) > prompt_tokens(server, both[:1] + ASK)
