@@ -16,6 +16,7 @@ from typing import Iterator, Sequence
 from specdec.policy.cost import CostModel
 from specdec.backends.base import Backend
 from specdec.backends.chat_template import chat_pieces, encode_pieces, template_roles
+from specdec.grammar import GrammarSpec, vocabulary_of
 from specdec.output import StreamChunk
 from specdec.params import SamplingParams, SpecConfig
 from specdec.proposers import Proposer, ProposerContext
@@ -73,6 +74,7 @@ class Engine:
         # and masking it (min_tokens) would index past the sliced logits.
         eog_ids = frozenset(i for i in target.eog_ids if i < vocab_size)
         self.info = ModelInfo(vocab_size=vocab_size, n_ctx=n_ctx, eog_ids=eog_ids)
+        self._vocabularies: list = []  # grammar vocabularies built for this engine's backends (their trial processes)
 
     # -- facts ---------------------------------------------------------------------------------
     @property
@@ -110,6 +112,30 @@ class Engine:
         """Close the target and draft backends (their models and KV caches are freed); safe to call twice."""
         for backend in (self.target, *self.drafts):
             backend.close()
+        for vocab in self._vocabularies:
+            vocab.close()
+
+    def compile_grammar(self, grammar: GrammarSpec, budget_s: float | None = None) -> None:
+        """Compile ``grammar`` for the target and draft models ahead of a request (so that the request's
+        matchers are copies of a cached one), building their vocabularies on first use (~1 s). A server
+        calls it off its event loop and scheduler thread; without it, a request compiles its grammar when
+        it is built.
+
+        Args:
+            grammar: The constraint.
+            budget_s: Seconds the compilation may take, tried first in a separate process
+                (:meth:`specdec.grammar.Vocabulary.compile`); ``None``: compiled here, unbounded.
+
+        Raises:
+            specdec.grammar.GrammarError: a grammar llguidance refuses, that matches no text, that crashes
+                the grammar engine or runs over the budget.
+        """
+        target = vocabulary_of(self.target, self.vocab_size)
+        for backend in (self.target, *self.drafts):
+            vocab = vocabulary_of(backend, self.vocab_size, like=target)  # a draft with the same tokens shares it
+            if vocab not in self._vocabularies:
+                self._vocabularies.append(vocab)
+            vocab.compile(grammar, budget_s)
 
     def __enter__(self) -> "Engine":
         return self

@@ -18,18 +18,23 @@ This module knows token ids, bytes and llguidance; not models, logits' meaning, 
 
 from __future__ import annotations
 
+import collections
 import json
+import re
+import threading
 from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
 import numpy as np
+
+from specdec.grammar_limits import check_json_schema, check_regex, check_rules
 
 class GrammarError(ValueError):
     """A request's grammar cannot be followed: it matches no text, or it is too complex for the grammar
     engine's limits at some position (found while generating). The client's to fix."""
 
 
-KINDS = ("json_schema", "json_object", "regex", "lark")
+KINDS = ("json_schema", "json_object", "regex", "lark", "gbnf")
 """Grammar kinds a request may give."""
 
 JSON_OBJECT_SCHEMA = {"type": "object"}
@@ -47,33 +52,50 @@ class GrammarSpec:
 
     Attributes:
         kind: ``"json_schema"`` (``source``: the schema as JSON text), ``"json_object"`` (any object; no
-            ``source``), ``"regex"`` (a regular expression the whole output matches) or ``"lark"`` (a Lark
+            ``source``), ``"regex"`` (a regular expression the whole output matches), ``"gbnf"`` (llama.cpp's
+            GBNF, converted to Lark when compiled: :meth:`from_gbnf`) or ``"lark"`` (a Lark
             grammar; llama.cpp's GBNF is converted by :meth:`from_gbnf`).
         source: The schema, expression or grammar text.
 
+    Only what needs no compiler is checked here (the kind, JSON, and :mod:`specdec.grammar_limits`' bounds on
+    depth, rule count and repetition, all linear in the text); whether llguidance can compile it is found by
+    :meth:`Vocabulary.compile` (:class:`GrammarError`).
+
     Raises:
-        ValueError: an unknown kind, or a source llguidance refuses (its message, one line).
+        ValueError: an unknown kind, a schema that is not a JSON object, or a grammar over a bound
+            (:class:`~specdec.grammar_limits.GrammarTooLarge`, naming the limit).
     """
 
-    kind: Literal["json_schema", "json_object", "regex", "lark"]
+    kind: Literal["json_schema", "json_object", "regex", "lark", "gbnf"]
     source: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown grammar kind {self.kind!r}; choose one of {', '.join(KINDS)}")
+        if not isinstance(self.source, str):
+            raise ValueError(f"the grammar's source must be text, got {type(self.source).__name__}")
         if self.kind == "json_schema":
             try:
                 schema = json.loads(self.source)
             except (TypeError, ValueError) as e:
-                raise ValueError(f"the JSON schema is not JSON: {e}") from None
+                raise ValueError(f"the JSON schema is not JSON: {_one_line(e)}") from None
             except RecursionError:
                 raise ValueError("the JSON schema is nested too deeply") from None
             if not isinstance(schema, dict):
                 raise ValueError(f"the JSON schema must be an object, got {type(schema).__name__}")
-        try:
-            _validate(self.grammar())
-        except RecursionError:
-            raise ValueError("the grammar is nested too deeply") from None
+            check_json_schema(schema)
+        elif self.kind == "regex":
+            check_regex(self.source)
+        else:
+            check_rules(self.source)
+
+    @classmethod
+    def checked(cls, kind: str, source: str) -> "GrammarSpec":
+        """A spec whose checks already ran (in the process that sent it to a trial process): not again."""
+        spec = object.__new__(cls)
+        object.__setattr__(spec, "kind", kind)
+        object.__setattr__(spec, "source", source)
+        return spec
 
     @classmethod
     def json_schema(cls, schema: dict | str) -> "GrammarSpec":
@@ -86,25 +108,19 @@ class GrammarSpec:
         ``%llguidance`` header) or else llama.cpp's GBNF (``root ::= ...``).
 
         Raises:
-            ValueError: when the text is neither.
+            ValueError: when the text is neither, or is over a bound.
         """
-        from llguidance.gbnf_to_lark import is_lark_syntax
-
-        return cls("lark", text) if is_lark_syntax(text) else cls.from_gbnf(text)
+        return cls("lark", text) if is_lark(text) else cls.from_gbnf(text)
 
     @classmethod
     def from_gbnf(cls, gbnf: str) -> "GrammarSpec":
-        """A constraint from llama.cpp's GBNF grammar text (converted to Lark by llguidance).
+        """A constraint from llama.cpp's GBNF grammar text, converted to Lark (by llguidance's converter) when
+        it is compiled: a GBNF grammar that does not convert is a :class:`GrammarError` then.
 
         Raises:
-            ValueError: when the text is not GBNF llguidance can convert.
+            ValueError: when the text is over a bound.
         """
-        from llguidance.gbnf_to_lark import gbnf_to_lark
-
-        try:
-            return cls("lark", gbnf_to_lark(gbnf))
-        except Exception as e:  # llguidance raises its own types
-            raise ValueError(f"the GBNF grammar does not convert: {_one_line(e)}") from None
+        return cls("gbnf", gbnf)
 
     def grammar(self) -> str:
         """The llguidance grammar (its JSON form) of this constraint."""
@@ -116,22 +132,34 @@ class GrammarSpec:
             return LLMatcher.grammar_from_json_schema(self.source, defaults=JSON_LAYOUT)
         if self.kind == "regex":
             return LLMatcher.grammar_from_regex(self.source)
+        if self.kind == "gbnf":
+            from llguidance.gbnf_to_lark import gbnf_to_lark
+
+            try:
+                return LLMatcher.grammar_from_lark(gbnf_to_lark(self.source))
+            except RecursionError:
+                raise ValueError("the GBNF grammar is nested too deeply") from None
+            except Exception as e:  # the converter raises its own types
+                raise ValueError(f"the GBNF grammar does not convert: {_one_line(e)}") from None
         return LLMatcher.grammar_from_lark(self.source)
 
 
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())[:400]
+_LARK = re.compile(r"^[ \t\r\f\v]*(?:%llguidance\b|start[ \t\r\f\v]*:)", re.MULTILINE)
 
 
-def _validate(grammar: str) -> None:
-    from llguidance import LLMatcher
+def is_lark(text: str) -> bool:
+    """Whether a grammar's text is Lark (a line that starts, after blanks, with ``start:`` or
+    ``%llguidance``) rather than GBNF, in time linear in ``len(text)`` (llguidance's own check lets ``\\s``
+    run across newlines: quadratic in blank lines)."""
+    return _LARK.search(text) is not None
 
-    try:
-        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
-    except Exception as e:
-        raise ValueError(f"the grammar is invalid: {_one_line(e)}") from None
-    if is_error:
-        raise ValueError(f"the grammar is invalid: {_one_line(messages[0] if messages else 'unknown error')}")
+
+def _one_line(e: BaseException | str) -> str:
+    """An error's text on one line, without llguidance's internals (``<state>``, ``<backtrace>``), clipped."""
+    text = str(e)
+    for cut in ("<state>", "<backtrace>", "stack backtrace", "\nBacktrace"):
+        text = text.split(cut)[0]
+    return " ".join(text.split())[:300]
 
 
 class _Tokens:
@@ -148,18 +176,22 @@ class _Tokens:
 
 
 class Vocabulary:
-    """A model's vocabulary for llguidance, built once per engine (~1 s for 151,936 tokens).
+    """A model's vocabulary for llguidance, built once per engine (~1 s for 151,936 tokens), and the
+    grammars compiled for it (a bounded cache: see :meth:`compile`).
 
     Args:
         tokens: ``[V]`` the bytes of each token (special tokens: their text).
         vocab_size: ``V``: the real vocabulary (ids ``0..V-1``).
         eog_ids: Ids that end generation: allowed where the grammar can end, refused elsewhere.
-        tokenize: ``bytes -> ids``, the model's tokenizer (llguidance tokenizes forced text with it).
+        tokenize: ``bytes -> ids``, the model's tokenizer (llguidance tokenizes forced text with it); None:
+            llguidance's greedy tokenization over ``tokens`` (a trial process, which has no model).
         special_ids: Control tokens (never allowed inside a grammar's text).
+        cache_size: Most compiled grammars kept.
     """
 
     def __init__(self, tokens: Sequence[bytes], vocab_size: int, eog_ids: frozenset[int],
-                 tokenize: Callable[[bytes], list[int]], special_ids: Sequence[int] = ()):
+                 tokenize: Callable[[bytes], list[int]] | None, special_ids: Sequence[int] = (),
+                 cache_size: int = 64):
         from llguidance import LLTokenizer, TokenizerWrapper
 
         self.vocab_size = vocab_size
@@ -167,22 +199,116 @@ class Vocabulary:
         eos = min(self.eog_ids) if self.eog_ids else 0
         tokens = list(tokens[:vocab_size])
         special = sorted(set(special_ids) | self.eog_ids)
+        self._payload = {"tokens": tokens, "vocab_size": vocab_size, "eog_ids": sorted(self.eog_ids),
+                         "special_ids": special}
+        if tokenize is None:  # greedy over the tokens: a tokenizer only to tokenize with
+            greedy = LLTokenizer(TokenizerWrapper(_Tokens(tokens, eos, special, lambda b: [])), n_vocab=vocab_size)
+            tokenize = lambda text: greedy.greedy_tokenize(text.decode("utf-8", "replace"))  # noqa: E731
         wrapper = TokenizerWrapper(_Tokens(tokens, eos, special, tokenize))
         self.tokenizer = LLTokenizer(wrapper, n_vocab=vocab_size, eos_token=sorted(self.eog_ids) or None)
+        self._cache: "collections.OrderedDict[str, object]" = collections.OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+        self.trials = None  # TrialWorkers, once a server asks for trials (compile(..., budget_s=...))
 
-    def constraint(self, spec: GrammarSpec) -> "Constraint":
-        """A fresh matcher for one request.
+    # -- compiling ---------------------------------------------------------------------------------
+    def payload(self) -> dict:
+        """What a trial process needs to rebuild this vocabulary (:meth:`from_payload`)."""
+        return self._payload
+
+    @classmethod
+    def from_payload(cls, payload: dict) -> "Vocabulary":
+        """The vocabulary of :meth:`payload`, tokenizing greedily (for a trial process)."""
+        return cls(payload["tokens"], payload["vocab_size"], frozenset(payload["eog_ids"]), None,
+                   payload["special_ids"], cache_size=0)
+
+    def build_matcher(self, spec: GrammarSpec):
+        """A fresh llguidance matcher for ``spec``, its first mask computed, under
+        :data:`PARSER_LIMITS`; call it on a large stack (:func:`~specdec.grammar_compile.on_large_stack`).
 
         Raises:
-            ValueError: when llguidance cannot build the matcher (a grammar too large, say).
+            GrammarError: when llguidance refuses the grammar, or it matches no text.
         """
-        return Constraint(self, spec)
+        from llguidance import LLMatcher, LLParserLimits
+
+        try:
+            grammar = spec.grammar()
+        except (ValueError, RuntimeError) as e:  # llguidance's converters raise these for a bad source
+            raise GrammarError(f"the grammar is invalid: {_one_line(e)}") from None
+        matcher = LLMatcher(self.tokenizer, grammar, log_level=0, limits=LLParserLimits(**PARSER_LIMITS))
+        if matcher.is_error():
+            raise GrammarError(f"the grammar is invalid: {_one_line(matcher.get_error())}")
+        Constraint(self, None, matcher.deep_copy())  # the first mask: the grammar can start
+        return matcher
+
+    def compile(self, spec: GrammarSpec, budget_s: float | None = None):
+        """The compiled matcher of ``spec`` (cached; a fresh copy for each :meth:`constraint`).
+
+        Args:
+            spec: The constraint.
+            budget_s: With a budget (a server), a grammar not seen before is first compiled in a trial
+                process (:mod:`specdec.grammar_compile`) that is killed past ``budget_s`` seconds; a crash or
+                a timeout there is this grammar's :class:`GrammarError`. ``None``: compiled here directly
+                (a grammar the caller wrote).
+
+        Raises:
+            GrammarError: a grammar llguidance refuses, one that matches no text, or one over the budget.
+        """
+        from specdec.grammar_compile import TrialWorkers, on_large_stack
+
+        key = spec.kind + "\0" + spec.source
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+        if isinstance(hit, GrammarError):
+            raise hit
+        if hit is not None:
+            return hit
+        try:
+            if budget_s is not None:
+                with self._lock:
+                    if self.trials is None:
+                        self.trials = TrialWorkers(self._payload)
+                failure = self.trials.trial(spec, budget_s)
+                if failure is not None:
+                    raise GrammarError(failure)
+            matcher = on_large_stack(lambda: self.build_matcher(spec))
+        except GrammarError as e:
+            matcher = e
+        if self._cache_size:
+            with self._lock:
+                self._cache[key] = matcher
+                while len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
+        if isinstance(matcher, GrammarError):
+            raise matcher
+        return matcher
+
+    def constraint(self, spec: GrammarSpec) -> "Constraint":
+        """A fresh matcher for one request (compiled once per grammar: :meth:`compile`).
+
+        Raises:
+            GrammarError: when llguidance cannot build the matcher (a grammar too large, say).
+        """
+        return Constraint(self, spec, self.compile(spec).deep_copy())
+
+    def close(self) -> None:
+        """Stop the trial processes, if any."""
+        if self.trials is not None:
+            self.trials.close()
 
 
-_VOCABULARIES: "weakref.WeakKeyDictionary" = None  # backend -> its Vocabulary, built on first use
+PARSER_LIMITS = {"verbose_errors": False}
+"""llguidance's per-grammar limits (``LLParserLimits``): its defaults bound a mask's work (lexer fuel, Earley
+items per step) and the grammar's size; errors without its internal state (a client's message, not a
+debugging dump)."""
+
+_VOCAB_OF: "weakref.WeakKeyDictionary" = None  # backend -> its Vocabulary, built on first use
+_VOCAB_LOCK = threading.Lock()
 
 
-def vocabulary_of(backend, vocab_size: int) -> Vocabulary:
+def vocabulary_of(backend, vocab_size: int, like: Vocabulary | None = None) -> Vocabulary:
     """The :class:`Vocabulary` of a model backend (a :class:`~specdec.backends.base.Backend`: its
     ``token_bytes``, ``tokenize``, ``eog_ids`` and ``control_token_texts``), built on first use and kept while
     the backend lives; control tokens are special (never part of a grammar's text).
@@ -190,21 +316,30 @@ def vocabulary_of(backend, vocab_size: int) -> Vocabulary:
     Args:
         backend: The model's backend.
         vocab_size: ``V``, its real vocabulary (padding rows excluded).
+        like: Another model's vocabulary (a draft's target, which outlives none of its drafts): taken as this
+            backend's too when the tokens are the same, so that both share its compiled grammars.
     """
-    global _VOCABULARIES
+    global _VOCAB_OF
     import weakref
 
-    if _VOCABULARIES is None:
-        _VOCABULARIES = weakref.WeakKeyDictionary()
-    vocab = _VOCABULARIES.get(backend)
-    if vocab is None or vocab.vocab_size != vocab_size:
+    with _VOCAB_LOCK:
+        if _VOCAB_OF is None:
+            _VOCAB_OF = weakref.WeakKeyDictionary()
+        vocab = _VOCAB_OF.get(backend)
+        if vocab is not None and vocab.vocab_size == vocab_size:
+            return vocab
         tokens = [backend.token_bytes(i) for i in range(vocab_size)]
         control = {t.encode() for t in backend.control_token_texts()}
         special = [i for i, b in enumerate(tokens) if b in control]  # never text inside a grammar
-        vocab = Vocabulary(tokens, vocab_size, frozenset(t for t in backend.eog_ids if t < vocab_size),
-                           lambda text: backend.tokenize(text.decode("utf-8", "replace")), special)
-        _VOCABULARIES[backend] = vocab
-    return vocab
+        eog = frozenset(t for t in backend.eog_ids if t < vocab_size)
+        mine = {"tokens": tokens, "vocab_size": vocab_size, "eog_ids": sorted(eog), "special_ids": sorted(set(special) | eog)}
+        if like is not None and like.payload() == mine:
+            vocab = like
+        else:
+            vocab = Vocabulary(tokens, vocab_size, eog, lambda text: backend.tokenize(text.decode("utf-8", "replace")),
+                               special)
+        _VOCAB_OF[backend] = vocab
+        return vocab
 
 
 class Constraint:
@@ -213,21 +348,17 @@ class Constraint:
     Args:
         vocab: The engine's :class:`Vocabulary`.
         spec: What the request asked for.
+        matcher: Its fresh llguidance matcher (:meth:`Vocabulary.constraint` makes one).
 
     Raises:
-        ValueError: when the matcher cannot be built from ``spec``.
+        GrammarError: when the grammar matches no text.
     """
 
-    def __init__(self, vocab: Vocabulary, spec: GrammarSpec):
-        from llguidance import LLMatcher
-
-        self.vocab, self.spec = vocab, spec
-        self.matcher = LLMatcher(vocab.tokenizer, spec.grammar(), log_level=0)
-        if self.matcher.is_error():
-            raise GrammarError(f"the grammar is invalid: {_one_line(self.matcher.get_error())}")
+    def __init__(self, vocab: Vocabulary, spec: GrammarSpec | None, matcher):
+        self.vocab, self.spec, self.matcher = vocab, spec, matcher
+        self._words = (vocab.vocab_size + 31) // 32
         if not self.matcher.is_accepting() and not self.mask().any():
             raise GrammarError("the grammar matches no text (no token can start it)")
-        self._words = (vocab.vocab_size + 31) // 32
 
     # -- masks -----------------------------------------------------------------------------------
     def mask(self) -> np.ndarray:

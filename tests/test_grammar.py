@@ -63,14 +63,15 @@ def test_rollback_restores_the_state(vocab, tiny_target):
     ("lark", "start: undefined_rule", "invalid"),
     ("xml", "", "unknown grammar kind"),
 ])
-def test_bad_grammars_are_refused_in_one_line(kind, source, words):
+def test_bad_grammars_are_refused_in_one_line(vocab, kind, source, words):
     with pytest.raises(ValueError) as e:
-        GrammarSpec(kind, source)
+        vocab.constraint(GrammarSpec(kind, source))
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
-def test_gbnf_converts():
+def test_gbnf_converts(vocab):
     spec = GrammarSpec.from_gbnf('root ::= "yes" | "no"')
-    assert spec.kind == "lark"
-    with pytest.raises(ValueError):
-        GrammarSpec.from_gbnf("root ::= (")
+    assert spec.kind == "gbnf" and "yes" in spec.grammar()
+    vocab.constraint(spec)
+    with pytest.raises(ValueError, match="does not convert"):
+        vocab.constraint(GrammarSpec.from_gbnf("root ::= ("))

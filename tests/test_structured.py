@@ -113,7 +113,7 @@ def constrained_table(engine, prompt, logits_after, params):
     def next_dist(prefix):
         raw = logits_after(list(prompt) + list(prefix))[: engine.vocab_size]
         p = reference_probs(raw, params.replace(grammar=None), list(prompt), list(prefix), eog)
-        c = Constraint(vocab, params.grammar)
+        c = vocab.constraint(params.grammar)
         c.commit([t for t in prefix if t not in eog])
         p = p * c.mask()
         return p / p.sum()
@@ -174,4 +174,4 @@ def test_grammar_defects_found_by_a_new_user(pair):
     with pytest.raises(ValueError, match="must be an object"):
         GrammarSpec("json_schema", "true")
     assert GrammarSpec.from_text('start: "a ::= b" | "c"').kind == "lark"
-    assert GrammarSpec.from_text('root ::= "a"').kind == "lark"  # converted from GBNF
+    assert GrammarSpec.from_text('root ::= "a"').kind == "gbnf"  # converted when compiled

@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import typing
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
@@ -181,7 +182,9 @@ def tool_plan(req: ChatCompletionRequest) -> ToolPlan | None:
 def grammar_of(req: CompletionRequest | ChatCompletionRequest, tools: ToolPlan | None = None):
     """The request's structured-output constraint (:class:`~specdec.grammar.GrammarSpec`) from OpenAI's
     ``response_format``, its ``tools`` (calls valid against their schemas: :mod:`specdec.tools`) or vLLM's
-    ``guided_json`` / ``guided_regex`` / ``guided_grammar``; ``None`` for free text.
+    ``guided_json`` / ``guided_regex`` / ``guided_grammar``, with the field that gave it:
+    ``(field, spec)``; ``None`` for free text. Only the cheap checks run here (:class:`GrammarSpec`'s
+    bounds); :func:`compile_grammar` compiles it.
 
     Raises:
         APIError: 400 naming the field, for an unknown format, a missing or invalid schema or grammar, or
@@ -225,11 +228,33 @@ def grammar_of(req: CompletionRequest | ChatCompletionRequest, tools: ToolPlan |
         return None
     name, build = given[0]
     try:
-        return build()
+        return name, build()
     except ValueError as e:
         raise APIError(400, f"{name}: {e}", param=name) from None
     except RecursionError:
         raise APIError(400, f"{name}: nested too deeply", param=name) from None
+
+
+_COMPILERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar")
+"""Where grammars compile: off the event loop and the scheduler thread (each waits for a trial process)."""
+
+
+async def compile_grammar(engine, grammar, field: str, budget_s: float) -> None:
+    """Compile a request's grammar for the engine's models (:meth:`~specdec.engine.Engine.compile_grammar`:
+    a trial in a child process under ``budget_s`` seconds, then cached), off the event loop.
+
+    Raises:
+        APIError: 400 naming ``field`` for a grammar that does not compile, crashes the grammar engine or
+            runs over the budget; 503 when no trial process can start.
+    """
+    try:
+        await asyncio.get_running_loop().run_in_executor(_COMPILERS, engine.compile_grammar, grammar, budget_s)
+    except GrammarError as e:
+        raise APIError(400, f"{field}: {e}", param=field) from None
+    except RuntimeError as e:  # the trial process itself: the server's problem, not the request's
+        log.error("grammar trial process: %s", e)
+        raise APIError(503, "the server cannot check grammars right now; retry shortly",
+                       code="grammar_unavailable") from None
 
 
 def _grammar_text(text: str):
