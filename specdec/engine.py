@@ -130,12 +130,19 @@ class Engine:
             specdec.grammar.GrammarError: a grammar llguidance refuses, that matches no text, that crashes
                 the grammar engine or runs over the budget.
         """
+        for vocab in self.grammar_vocabularies():
+            vocab.compile(grammar, budget_s)
+
+    def grammar_vocabularies(self) -> list:
+        """The :class:`~specdec.grammar.Vocabulary` of the target and of each draft model (one shared by
+        those with the same tokens), built on first use (~2 s for 151,936 tokens, ~0.7 s of it holding the
+        GIL: a server builds them before it serves)."""
         target = vocabulary_of(self.target, self.vocab_size)
         for backend in (self.target, *self.drafts):
             vocab = vocabulary_of(backend, self.vocab_size, like=target)  # a draft with the same tokens shares it
             if vocab not in self._vocabularies:
                 self._vocabularies.append(vocab)
-            vocab.compile(grammar, budget_s)
+        return list(self._vocabularies)
 
     def __enter__(self) -> "Engine":
         return self

@@ -237,7 +237,10 @@ class Vocabulary:
             raise GrammarError(f"the grammar is invalid: {_one_line(e)}") from None
         matcher = LLMatcher(self.tokenizer, grammar, log_level=0, limits=LLParserLimits(**PARSER_LIMITS))
         if matcher.is_error():
-            raise GrammarError(f"the grammar is invalid: {_one_line(matcher.get_error())}")
+            error = matcher.get_error()
+            if "panic" in error.lower():
+                raise GrammarError("the grammar engine failed on this grammar")
+            raise GrammarError(f"the grammar is invalid: {_one_line(error)}")
         Constraint(self, None, matcher.deep_copy())  # the first mask: the grammar can start
         return matcher
 
@@ -370,8 +373,14 @@ class Constraint:
         if self.matcher.is_error():
             raise GrammarError(self._failure())
         allowed = np.unpackbits(bits.view(np.uint8), bitorder="little")[: self.vocab.vocab_size].astype(bool)
+        eog = list(self.vocab.eog_ids)
         if self.matcher.is_accepting():  # llguidance allows its own eos there; every eog id ends the text
-            allowed[list(self.vocab.eog_ids)] = True
+            allowed[eog] = True
+        elif allowed[eog].any():  # a grammar naming an end token (Lark's <|im_end|>) mid-text: it would end
+            allowed[eog] = False  # the output there, unmatched; the text cannot hold it
+            if not allowed.any():
+                raise GrammarError("the grammar puts an end-of-generation token inside its text, which would "
+                                   "end the output before the grammar is complete; remove it")
         return allowed
 
     def masks(self, drafts: Sequence[int], start: int = 0, n: int | None = None) -> np.ndarray:
@@ -397,6 +406,8 @@ class Constraint:
         detail = self.matcher.get_error().split("<state>")[0]
         if "NoExtensionBias" in detail or "NoExtensionBias" in str(self.matcher.stop_reason()):
             return "the grammar matches no text from here (no token can continue it)"
+        if "panic" in detail.lower():  # an internal error of the engine: its words are not the client's
+            return "the grammar engine failed on this grammar"
         return f"the grammar engine gave up on this grammar: {_one_line(detail)}"
 
     def _end_only(self) -> np.ndarray:
