@@ -268,16 +268,16 @@ class Vocabulary:
             raise hit
         if hit is not None:
             return hit
+        if budget_s is not None:
+            with self._lock:
+                if self.trials is None:
+                    self.trials = TrialWorkers(self._payload)
+            failure = self.trials.trial(spec, budget_s)
+            if failure is not None:  # not cached: a timeout on a busy machine may pass later
+                raise GrammarError(failure)
         try:
-            if budget_s is not None:
-                with self._lock:
-                    if self.trials is None:
-                        self.trials = TrialWorkers(self._payload)
-                failure = self.trials.trial(spec, budget_s)
-                if failure is not None:
-                    raise GrammarError(failure)
             matcher = on_large_stack(lambda: self.build_matcher(spec))
-        except GrammarError as e:
+        except GrammarError as e:  # cached: the same grammar fails the same way
             matcher = e
         if self._cache_size:
             with self._lock:
