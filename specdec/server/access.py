@@ -14,11 +14,13 @@
   same-origin GET carries no ``Origin``, and after DNS rebinding an attacker's page is same-origin with its
   own name. A request without these headers is not from a browser.
 - **API key** (one or several, one per tenant): ``Authorization: Bearer KEY`` on every route but the
-  public ones (:data:`PUBLIC_ROUTES`: ``/health``, the playground, the OpenAPI schema), and ``/metrics``
-  when ``metrics_public``. The route is the one the app resolves (Starlette's own matching, which honours
-  ``root_path``: an app mounted under ``/p``, or served by Ray Serve with a ``route_prefix``, is guarded
-  the same); a path that names no route needs the key too. The key's tenant is put in the request scope
-  (:func:`tenant_of`), for the prefix cache's salt.
+  public ones (:data:`PUBLIC_ROUTES`: ``/health``, the playground, the OpenAPI schema). The route is the one
+  the app resolves (Starlette's own matching, which honours ``root_path``: an app mounted under ``/p``, or
+  served by Ray Serve with a ``route_prefix``, is guarded the same); a path that names no route needs the
+  key too. The key's tenant is put in the request scope (:func:`tenant_of`), for the prefix cache's salt.
+- **Metrics** (``/metrics``: every tenant's traffic, counted exactly, so one tenant could read another's off
+  it): with a ``metrics_key``, that key and no other; else on a server of one tenant (no key, or one), its
+  key as any route; with several tenants, nobody. ``metrics_public`` serves it to anyone instead.
 - **Request body**: read only for routes that take one (``POST``), up front, at most ``max_body_bytes + 1``
   bytes (413 beyond, whether or not a ``Content-Length`` was declared) and within ``body_timeout``
   seconds (408 after: a client that sends slowly holds no memory for long), then replayed to the app.
@@ -50,6 +52,9 @@ make a browser send them for a host it controls."""
 PUBLIC_ROUTES = frozenset({"/health", "/", "/playground", "/openapi.json"})
 """Route paths served without the API key (and the playground's static files, ``/playground/...``): they
 hold no data. ``/metrics`` joins them with ``metrics_public``."""
+
+METRICS_ROUTE = "/metrics"
+"""The route that counts every tenant's traffic: its own rule (see the module docstring)."""
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 """Methods whose routes read a request body."""
@@ -139,7 +144,9 @@ class AccessMiddleware:
         api_key: Required ``Authorization: Bearer`` token, several (one per tenant), or ``None``.
         max_body_bytes: Largest accepted request body.
         allowed_hosts: Names accepted in ``Host`` besides loopback ones (``*`` for any).
-        metrics_public: Serve ``/metrics`` without the API key.
+        metrics_public: Serve ``/metrics`` to anyone.
+        metrics_key: The one ``Bearer`` token that opens ``/metrics`` (``None``: the API key of a server with
+            one tenant; nobody with several; see the module docstring).
         allowed_origins: Names accepted in ``Origin`` besides loopback ones, same-origin IP addresses and
             the names of ``allowed_hosts`` but ``*`` (``*`` for any).
         router: The app's router (``app.router``), whose routes decide which requests need the key and
@@ -149,10 +156,13 @@ class AccessMiddleware:
 
     def __init__(self, app, api_key: str | Sequence[str] | None, max_body_bytes: int,
                  allowed_hosts: Sequence[str] = (), metrics_public: bool = False,
-                 allowed_origins: Sequence[str] = (), router=None, body_timeout: float = 30.0):
+                 allowed_origins: Sequence[str] = (), router=None, body_timeout: float = 30.0,
+                 metrics_key: str | None = None):
         self.app, self.max_body_bytes, self.router, self.body_timeout = app, max_body_bytes, router, body_timeout
         keys = (api_key,) if isinstance(api_key, str) else tuple(api_key or ())
+        check_metrics_key(metrics_key, keys, metrics_public)
         self.keys = [(k.encode(), key_tenant(k)) for k in keys]
+        self.metrics_key = None if metrics_key is None else metrics_key.encode()
         self.allowed_hosts, self.metrics_public = tuple(allowed_hosts), metrics_public
         # the Host names given are web origins of this server too; not a "*" (a server on a network address
         # accepts any Host, since clients choose its names, but a web page it was not told about stays out)
@@ -218,7 +228,22 @@ class AccessMiddleware:
         if route is None:
             return False
         return (route in PUBLIC_ROUTES or route.startswith("/playground/")
-                or (route == "/metrics" and self.metrics_public))
+                or (route == METRICS_ROUTE and self.metrics_public))
+
+    def _metrics_refusal(self, scheme: str, token: bytes, tenant: str | None) -> APIError | None:
+        """Why a request for ``/metrics`` (not public) is refused, or None: only the metrics key opens it
+        where there is one, and no tenant's key where there are several tenants."""
+        if self.metrics_key is not None:
+            if scheme.lower() == "bearer" and secrets.compare_digest(token, self.metrics_key):
+                return None
+        elif len(self.keys) <= 1:  # one tenant (or none): all the traffic it shows is its own
+            return None if tenant is not None or not self.keys else _invalid_key()
+        if tenant is None:
+            return _invalid_key()
+        hint = ("send the metrics key" if self.metrics_key is not None
+                else "start the server with a metrics key (metrics_key) to read it")
+        return APIError(403, f"/metrics counts every tenant's traffic: an API key does not open it; {hint}",
+                        code="metrics_not_allowed")
 
     def _refusal(self, scope, route: str | None, headers: dict[str, str]) -> APIError | None:
         """Why this request is refused before its body is read, or None; records the caller's tenant."""
@@ -243,8 +268,6 @@ class AccessMiddleware:
                                     or _same_ip_origin(origin, headers.get("host"))):
                 return APIError(403, f"requests from the web origin {origin!r} are not allowed; {hint} "
                                 "(allowed_origins)", code="origin_not_allowed")
-        if not self.keys:
-            return None
         scheme, _, token = headers.get("authorization", "").partition(" ")
         token = token.strip().encode()
         tenant = None
@@ -253,10 +276,33 @@ class AccessMiddleware:
                 tenant = name
         if tenant is not None:
             scope.setdefault("state", {})[TENANT_KEY] = tenant
-        elif not self._public(route):
-            return APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
-                            code="invalid_api_key")
+        if route == METRICS_ROUTE and not self.metrics_public:
+            return self._metrics_refusal(scheme, token, tenant)
+        if self.keys and tenant is None and not self._public(route):
+            return _invalid_key()
         return None
 
     def _too_large(self) -> APIError:
         return APIError(413, f"the request body exceeds {self.max_body_bytes} bytes", code="request_too_large")
+
+
+def _invalid_key() -> APIError:
+    return APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+
+
+def check_metrics_key(metrics_key: str | None, api_keys: Sequence[str], metrics_public: bool) -> None:
+    """Refuse a metrics key that is empty, is also an API key (a tenant would hold it), or comes with
+    ``metrics_public`` (which of the two is meant?).
+
+    Raises:
+        ValueError: saying which.
+    """
+    if metrics_key is None:
+        return
+    if not metrics_key:
+        raise ValueError("the metrics key is empty; give a key, or none")
+    if metrics_key in api_keys:
+        raise ValueError("the metrics key is also an API key: a tenant would read every tenant's traffic; give "
+                         "/metrics a key of its own")
+    if metrics_public:
+        raise ValueError("a metrics key and a public /metrics contradict each other; choose one")

@@ -21,7 +21,7 @@ import json
 import secrets
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -32,9 +32,9 @@ from specdec.metrics import ServerMetrics
 from specdec.prefill import check_chunk_tokens
 from specdec.scheduler import Scheduler
 from specdec.server import logprobs, playground, provenance, serving
-from specdec.server.access import AccessMiddleware, tenant_of
+from specdec.server.access import AccessMiddleware, check_metrics_key, tenant_of
 from specdec.tools import ToolCallStream, parse_tool_calls
-from specdec.server.errors import APIError, error_body, install_error_handlers
+from specdec.server.errors import APIError, error_body, install_error_handlers, refuse_invalid_unicode
 from specdec.server.protocol import (
     ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, CompletionChunk,
     CompletionChunkChoice, CompletionRequest, CompletionResponse, Delta, ErrorResponse, ModelCard, ModelList,
@@ -50,7 +50,10 @@ class ServerConfig:
         api_key: Required Bearer token on every route but ``/health``, the playground and the OpenAPI
             schema; several keys (a tuple) are several tenants, whose requests never share cached prompt
             prefixes; ``None`` disables the check.
-        metrics_public: Serve ``/metrics`` without the API key.
+        metrics_public: Serve ``/metrics`` to anyone.
+        metrics_key: The Bearer token that opens ``/metrics`` (and no other route); ``None``: the API key of a
+            server with one key (or anyone on a keyless one), and nobody on a server with several keys, whose
+            tenants could read each other's traffic off it (SECURITY.md).
         allowed_hosts: Names accepted in the ``Host`` header besides loopback ones (``example.com``,
             ``*.example.com``; ``*`` for any); see :mod:`specdec.server.access`.
         allowed_origins: Names accepted in the ``Origin`` header (browsers' cross-site requests) besides
@@ -81,6 +84,7 @@ class ServerConfig:
     model_name: str
     api_key: str | tuple[str, ...] | None = None
     metrics_public: bool = False
+    metrics_key: str | None = field(default=None, repr=False)
     allowed_hosts: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     max_running: int = 8
@@ -115,9 +119,11 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
     """The ASGI app serving ``engine``; the scheduler starts with the app's lifespan.
 
     Raises:
-        ValueError: when the engine's backends hold fewer sequences than ``config.max_running``.
+        ValueError: when the engine's backends hold fewer sequences than ``config.max_running``, or the
+            metrics key is empty, an API key, or given with ``metrics_public``.
     """
     Scheduler.check_capacity(engine, config.max_running, config.max_waiting)
+    check_metrics_key(config.metrics_key, config.api_keys, config.metrics_public)
     check_chunk_tokens(config.prefill_chunk_tokens)
     engine.enable_prefix_cache(config.max_running if config.prefix_cache_tokens else 0, config.prefix_cache_tokens)
     engine.enable_suffix_cache(config.suffix_cache_tokens)
@@ -149,7 +155,8 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
     playground.add_routes(app)
     app.add_middleware(AccessMiddleware, api_key=config.api_keys, max_body_bytes=config.max_body_bytes,
                        allowed_hosts=config.allowed_hosts, metrics_public=config.metrics_public,
-                       allowed_origins=config.allowed_origins, router=app.router, body_timeout=config.body_timeout)
+                       allowed_origins=config.allowed_origins, router=app.router, body_timeout=config.body_timeout,
+                       metrics_key=config.metrics_key)
 
     @app.get("/health")
     async def health():
@@ -170,8 +177,10 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         return ModelList(data=[ModelCard(id=config.model_name, created=created)])
 
     def admit(req, tools: serving.ToolPlan | None = None) -> tuple:
+        refuse_invalid_unicode(req.model_dump())
         if req.model is not None and req.model != config.model_name:
-            raise APIError(404, f"the model '{req.model}' does not exist; this server serves "
+            shown = req.model if len(req.model) <= 100 else req.model[:100] + "\u2026"
+            raise APIError(404, f"the model '{shown}' does not exist; this server serves "
                            f"'{config.model_name}'", param="model", code="model_not_found")
         serving.refuse_unsupported(req)
         grammar = serving.grammar_of(req, tools)

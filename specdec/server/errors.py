@@ -2,13 +2,16 @@
 
 Every error response is ``{"error": {"message", "type", "param", "code"}}``: FastAPI's validation
 errors, malformed JSON or UTF-8, unknown routes, refusals of :mod:`specdec.server.access`, and anything
-unexpected (a 500, which the tests treat as a bug).
+unexpected (a 500, which the tests treat as a bug). Its strings are one line of at most
+:data:`MAX_MESSAGE_CHARS` characters, whatever they quote (a client's text, a library's multi-line
+message), and valid UTF-8: a lone surrogate a client sent (``"\\ud800"``) is written as its escape.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -16,6 +19,9 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
+
+MAX_MESSAGE_CHARS = 1000
+"""Longest error message sent to a client (the log has the rest)."""
 
 _TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error", 503: "service_unavailable"}
 
@@ -34,8 +40,50 @@ class APIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  type: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
+        self.status, self.message, self.code = status, one_line(message), code
+        self.param = None if param is None else one_line(param, 200)
         self.type = type or _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+
+
+def one_line(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` for an error response: lines joined by a space, control characters and lone surrogates written
+    as escapes, clipped to ``limit`` characters (an ellipsis marking the cut)."""
+    text = " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+    if not text.isprintable():  # lone surrogates are not printable either
+        text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    return text if len(text) <= limit else text[:limit - 1] + "\u2026"
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def refuse_invalid_unicode(value) -> None:
+    """Refuse a request whose text is not valid Unicode: a lone surrogate, which JSON's ``"\\ud800"`` escapes
+    carry through parsing, and which no encoder, tokenizer or stop-string match takes. One rule for every
+    field, ignored ones (``user``) included, checked before anything reads them.
+
+    Args:
+        value: The request as plain data (``model_dump()``): dicts, lists, strings, numbers.
+
+    Raises:
+        APIError: 400 naming the first field (``messages.0.content``, ``logit_bias``) that holds one.
+    """
+    todo = [("", value)]  # a stack, not recursion: a deeply nested schema must not overflow it
+    while todo:
+        path, v = todo.pop()
+        if isinstance(v, str):
+            bad = not v.isascii() and _SURROGATE.search(v) is not None
+        elif isinstance(v, dict):
+            bad = any(isinstance(k, str) and _SURROGATE.search(k) for k in v)
+            todo.extend((f"{path}.{k}" if path else str(k), x) for k, x in reversed(v.items()))
+        elif isinstance(v, (list, tuple)):
+            bad = False
+            todo.extend((f"{path}.{i}" if path else str(i), x) for i, x in reversed(list(enumerate(v))))
+        else:
+            bad = False
+        if bad:
+            raise APIError(400, f"{path or 'the request'}: the text is not valid Unicode (a lone surrogate, "
+                           "\\ud800-\\udfff, outside a pair)", param=path or None)
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None,

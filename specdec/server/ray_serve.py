@@ -64,7 +64,7 @@ except ImportError as e:  # pragma: no cover - exercised without ray installed
 else:
     _IMPORT_ERROR = None
 
-from specdec.options.serve import api_key_of, check_serve_args, load_server, parse_serve_args
+from specdec.options.serve import api_key_of, check_serve_args, load_server, metrics_key_of, parse_serve_args
 
 APP_NAME = "specdec"
 REPLICA_HEADER = "x-specdec-replica"
@@ -116,16 +116,18 @@ class ReplicaKey:
         required: The driver serves with an API key.
         value: The key, or the tenants' keys (:func:`specdec.options.serve.api_key_of`); ``None`` when not
             required.
+        metrics: The key that opens ``/metrics`` (:func:`specdec.options.serve.metrics_key_of`), or ``None``.
     """
 
     required: bool
     value: str | tuple[str, ...] | None = dataclasses.field(default=None, repr=False)
+    metrics: str | None = dataclasses.field(default=None, repr=False)
 
 
 def replica_args(args: argparse.Namespace, key: ReplicaKey) -> argparse.Namespace:
-    """The options a replica loads with (:func:`specdec.options.serve.load_server`): the driver's, with the key it
-    resolved as ``api_key``. Without a key from the driver, a replica's own ``$SPECDEC_API_KEY`` still
-    applies, as it would to ``specdec serve`` on that node.
+    """The options a replica loads with (:func:`specdec.options.serve.load_server`): the driver's, with the keys
+    it resolved as ``api_key`` and ``metrics_key``. Without a key from the driver, a replica's own
+    ``$SPECDEC_API_KEY`` (``$SPECDEC_METRICS_KEY``) still applies, as it would to ``specdec serve`` on that node.
 
     Raises:
         ValueError: the key is required but did not arrive.
@@ -135,7 +137,8 @@ def replica_args(args: argparse.Namespace, key: ReplicaKey) -> argparse.Namespac
                          "it; build the application with specdec.server.ray_serve.application or build_app, "
                          "which pass the key")
     keys = (key.value,) if isinstance(key.value, str) else key.value or ()
-    return argparse.Namespace(**{**vars(args), "api_key": ",".join(keys) or None})  # as --api-key spells them
+    # as --api-key and --metrics-key spell them
+    return argparse.Namespace(**{**vars(args), "api_key": ",".join(keys) or None, "metrics_key": key.metrics})
 
 
 def keep_replica_port_on_loopback() -> None:
@@ -276,8 +279,10 @@ def application(args: argparse.Namespace):
     check_serve_args(args)
     check_ray_args(args)
     key = api_key_of(args)  # here, in the driver: the replicas do not see its environment
-    keyless = argparse.Namespace(**{**vars(args), "api_key": None})  # the key travels in ReplicaKey, out of reprs
-    return SpecdecReplica.options(**deployment_options(args)).bind(keyless, ReplicaKey(key is not None, key))
+    # the keys travel in ReplicaKey, out of reprs
+    keyless = argparse.Namespace(**{**vars(args), "api_key": None, "metrics_key": None})
+    return SpecdecReplica.options(**deployment_options(args)).bind(
+        keyless, ReplicaKey(key is not None, key, metrics_key_of(args)))
 
 
 def build_app(builder_args: dict[str, str]):

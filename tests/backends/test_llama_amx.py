@@ -104,6 +104,21 @@ def test_the_child_reports_a_model_without_amx_weights(tiny_target_path):
     assert llama_amx.probe(tiny_target_path) == llama_amx.NO_AMX_WEIGHTS
 
 
+def test_the_child_ignores_a_specdec_planted_in_the_working_directory(tiny_target_path, tmp_path, monkeypatch):
+    """Issue 45: the child ran ``python -m specdec.backends.llama_amx`` with the working directory first on
+    sys.path, so a ``specdec/`` planted where the server started ran as its user and chose the verdict (exit
+    0: "the AMX kernels run"). The child imports the specdec this process imports."""
+    marker = tmp_path / "planted-ran"
+    package = tmp_path / "cwd" / "specdec" / "backends"
+    package.mkdir(parents=True)
+    for init in (package.parent / "__init__.py", package / "__init__.py"):
+        init.write_text("")
+    (package / "llama_amx.py").write_text(f"open({str(marker)!r}, 'w').close()\nraise SystemExit(0)\n")
+    monkeypatch.chdir(package.parent.parent)
+    assert llama_amx.probe(tiny_target_path) == llama_amx.NO_AMX_WEIGHTS
+    assert not marker.exists()
+
+
 def test_model_params_follow_the_verdict(cache, child, model, monkeypatch):
     monkeypatch.setattr(llama_cpp, "has_amx", lambda: True)
     child.rc = -11

@@ -11,7 +11,7 @@ import json
 import httpx
 import pytest
 from fastapi import FastAPI, Request
-from server_helpers import LiveServer, tiny_engine
+from server_helpers import LiveServer, RawConnection, tiny_engine
 
 from specdec.server import ServerConfig, create_app
 from specdec.server.access import AccessMiddleware
@@ -138,18 +138,48 @@ def test_connection_settings():
     assert ServerConfig(model_name="t", max_connections=7).connections == 7
 
 
-def _raw(port: int) -> "socket.socket":
+def test_raw_connections_read_whole_responses():
+    """Issue 45: a single recv() returned part of a response (a head written before its body) or the end of
+    one and the start of the next. Here the "server" sends a head alone (and its body only once the client
+    has had the head for itself), then two responses in one write, then a chunked one: each is read
+    whole, and nothing of the next leaks into it."""
     import socket
+    import threading
 
-    s = socket.create_connection(("127.0.0.1", port), timeout=10)
-    return s
+    first = b"HTTP/1.1 200 OK\r\ncontent-length: 15\r\ncontent-type: application/json\r\n\r\n"
+    pipelined = (b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\n{}"
+                 b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n")
+    head_read = threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
 
+    def serve():
+        conn, _ = listener.accept()
+        with conn:
+            conn.sendall(first)
+            assert head_read.wait(30)
+            conn.sendall(b'{"status":"ok"}' + pipelined)
 
-def _read_all(sock) -> bytes:
-    out = b""
-    while chunk := sock.recv(65536):
-        out += chunk
-    return out
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = RawConnection(listener.getsockname()[1])
+    real_fill = client._fill
+
+    def fill():  # the client has the head, and waits for the body: now the server sends it
+        got = real_fill()
+        if b"\r\n\r\n" in client.buf:
+            head_read.set()
+        return got
+
+    client._fill = fill
+    r = client.response()
+    assert (r.status, r.headers["content-type"], r.json()) == (200, "application/json", {"status": "ok"})
+    r = client.response()
+    assert (r.status, r.body) == (404, b"{}")
+    r = client.response()
+    assert (r.status, r.body) == (200, b"abcde")
+    assert client.response() is None and client.read_to_end() == b""
+    thread.join(30)
+    listener.close()
 
 
 def test_silent_and_slow_connections_are_closed(engine):
@@ -158,46 +188,49 @@ def test_silent_and_slow_connections_are_closed(engine):
     import time
 
     with LiveServer(engine, header_timeout=0.5) as srv:
-        silent, slow = _raw(srv.port), _raw(srv.port)
-        slow.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")  # and never the blank line
+        silent, slow = RawConnection(srv.port), RawConnection(srv.port)
+        slow.send(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")  # and never the blank line
         t0 = time.monotonic()
-        assert _read_all(silent) == b"" and _read_all(slow) == b""  # closed by the server
+        assert silent.read_to_end() == b"" and slow.read_to_end() == b""  # closed by the server
         assert time.monotonic() - t0 < 5
-        ok = _raw(srv.port)  # a client that sends its request in time is served, and kept alive between
-        ok.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        assert ok.recv(65536).startswith(b"HTTP/1.1 200")
-        ok.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        assert ok.recv(65536).startswith(b"HTTP/1.1 200")
-        assert _read_all(ok) == b""  # then idle: closed
+        ok = RawConnection(srv.port)  # a client that sends its request in time is served, and kept alive between
+        for _ in range(2):
+            # issue 45: a single recv() here got the previous response's body where the server wrote a
+            # response's head and body in two writes: a whole response is read each time
+            ok.send(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            r = ok.response()
+            assert r is not None and r.status == 200 and r.json() == {"status": "ok"}, r
+        assert ok.read_to_end() == b""  # then idle: closed
 
 
 def test_headers_are_bounded(engine):
     """Red team (issue 37): httptools buffered a header of any size (one request took the server from 146
     to 503 MB); h11 refuses headers past 16 KB."""
     with LiveServer(engine) as srv:
-        s = _raw(srv.port)
-        s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: ")
+        conn = RawConnection(srv.port)
+        conn.send(b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: ")
         try:
             for _ in range(64):  # up to 4 MB; the server answers and closes long before
-                s.sendall(b"x" * 65536)
+                conn.send(b"x" * 65536)
         except (BrokenPipeError, ConnectionResetError):
             pass
-        reply = _read_all(s)
-        assert not reply.startswith(b"HTTP/1.1 200"), reply[:80]
+        reply = conn.response()
+        assert reply is None or reply.status != 200, reply
 
 
 def test_connections_beyond_the_bound_get_a_json_503(engine):
     """Finding 6 and the red team: connections are bounded, and the refusal is in OpenAI's error shape (not
     uvicorn's plain-text 503)."""
     with LiveServer(engine, max_connections=3, header_timeout=30) as srv:
-        held = [_raw(srv.port) for _ in range(3)]
-        extra = _raw(srv.port)
-        reply = _read_all(extra)
-        head, _, body = reply.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 503") and b"application/json" in head
-        assert json.loads(body)["error"]["code"] == "too_many_connections"
-        for s in held:
-            s.close()
+        held = [RawConnection(srv.port) for _ in range(3)]
+        extra = RawConnection(srv.port)
+        reply = extra.response()
+        assert reply is not None and reply.status == 503, reply
+        assert reply.headers["content-type"] == "application/json"
+        assert reply.json()["error"]["code"] == "too_many_connections"
+        assert extra.read_to_end() == b""
+        for conn in held:
+            conn.close()
         import time
 
         time.sleep(0.3)

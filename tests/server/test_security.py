@@ -210,3 +210,111 @@ def test_api_key_guards_metrics(engine):
     with LiveServer(engine, api_key="k3y", metrics_public=True) as srv:
         assert httpx.get(f"{srv.root}/metrics", timeout=30).status_code == 200
         assert httpx.get(f"{srv.url}/models", timeout=30).status_code == 401
+
+
+def test_tenants_cannot_read_each_others_traffic_off_metrics(engine):
+    """Issue 45: /metrics counts every tenant's prompt tokens, cache hits and generated tokens exactly, and
+    any tenant's key opened it. With several keys only the metrics key opens it (and it opens nothing
+    else); with none, no tenant's key does, until the operator gives one or makes /metrics public."""
+    def get(srv, path, key=None):
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        return httpx.get(f"{srv.root}{path}", headers=headers, timeout=30)
+
+    with LiveServer(engine, api_key=("alice-key", "bob-key"), metrics_key="scrape-key") as srv:
+        for key in ("alice-key", "bob-key"):
+            r = get(srv, "/metrics", key)
+            assert r.status_code == 403 and r.json()["error"]["code"] == "metrics_not_allowed", r.text
+            assert get(srv, "/v1/models", key).status_code == 200
+        for key in (None, "wrong"):
+            assert get(srv, "/metrics", key).json()["error"]["code"] == "invalid_api_key"
+        r = get(srv, "/metrics", "scrape-key")
+        assert r.status_code == 200 and "specdec_requests_total" in r.text
+        assert get(srv, "/v1/models", "scrape-key").status_code == 401  # a key for /metrics alone
+    with LiveServer(engine, api_key=("alice-key", "bob-key")) as srv:
+        r = get(srv, "/metrics", "alice-key")
+        assert r.status_code == 403 and "metrics key" in r.json()["error"]["message"], r.text
+    with LiveServer(engine, api_key=("alice-key", "bob-key"), metrics_public=True) as srv:
+        assert get(srv, "/metrics").status_code == 200  # the operator said so
+    with LiveServer(engine, metrics_key="scrape-key") as srv:  # keyless: the API is open, /metrics is not
+        assert get(srv, "/metrics").status_code == 401 and get(srv, "/metrics", "scrape-key").status_code == 200
+        assert get(srv, "/v1/models").status_code == 200
+
+
+def test_a_metrics_key_is_checked(engine, monkeypatch):
+    """A metrics key that a tenant holds too, that is empty, or that comes with a public /metrics is refused
+    at start, not served."""
+    import argparse
+
+    from specdec.options.serve import metrics_key_of
+    from specdec.server import ServerConfig, create_app
+
+    for config in ({"api_key": ("a", "b"), "metrics_key": "b"}, {"metrics_key": ""},
+                   {"metrics_key": "m", "metrics_public": True}):
+        with pytest.raises(ValueError, match="metrics key"):
+            create_app(engine, ServerConfig(model_name="tiny", **config))
+    monkeypatch.delenv("SPECDEC_API_KEY", raising=False)
+    monkeypatch.delenv("SPECDEC_METRICS_KEY", raising=False)
+
+    def of(**kw):
+        return metrics_key_of(argparse.Namespace(**{"api_key": None, "metrics_key": None, "metrics_public": False,
+                                                    **kw}))
+
+    assert of() is None and of(metrics_key="m") == "m"
+    monkeypatch.setenv("SPECDEC_METRICS_KEY", "env-m")
+    assert of() == "env-m" and of(metrics_key="m") == "m"  # the option wins
+    for bad, match in (({"metrics_key": " "}, "empty"), ({"api_key": "x,m", "metrics_key": "m"}, "also an API key"),
+                       ({"metrics_key": "m", "metrics_public": True}, "metrics-public"),
+                       ({"metrics_key": "clé"}, "ASCII")):
+        with pytest.raises(ValueError, match=match):
+            of(**bad)
+    monkeypatch.setenv("SPECDEC_METRICS_KEY", "")
+    with pytest.raises(ValueError, match="SPECDEC_METRICS_KEY.*empty"):
+        of()
+    from specdec.server import ray_serve  # with --ray the driver resolves it, and it travels out of reprs
+
+    key = ray_serve.ReplicaKey(True, ("a", "b"), "scrape-key")
+    assert "scrape-key" not in repr(key)
+    assert ray_serve.replica_args(argparse.Namespace(api_key=None, metrics_key=None), key).metrics_key == "scrape-key"
+
+
+@pytest.mark.parametrize("field", ["model", "user", "stop", "cache_salt", "prompt", "suffix", "logit_bias"])
+def test_a_lone_surrogate_in_a_completion_field_gets_a_4xx(server, field):
+    """Issue 45: ``"model": "\\ud800"`` (valid JSON, no valid Unicode) got a 500; every string field a client
+    fills gets a 4xx in OpenAI's shape, valid UTF-8 itself, and the server goes on."""
+    fields = {"model": '"model": "\\ud800"', "user": '"user": "a\\ud800"', "stop": '"stop": ["\\udc00x"]',
+              "cache_salt": '"cache_salt": "\\ud800"', "prompt": '"prompt": "hi \\ud800"',
+              "suffix": '"suffix": "\\ud800"', "logit_bias": '"logit_bias": {"\\ud800": 1}'}
+    body = ('{"prompt": "hi", "max_tokens": 2, ' + fields[field] + "}").encode()
+    r = httpx.post(f"{server.url}/completions", content=body, headers={"content-type": "application/json"},
+                   timeout=60)
+    assert 400 <= r.status_code < 500, (r.status_code, r.text)
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"], error
+    assert httpx.get(f"{server.root}/health", timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize("field", ['"model": "\\ud800"', '"user": "\\udfff"', '"stop": "\\ud800"',
+                                   '"messages": [{"role": "user", "content": "hi", "name": "\\ud800"}]',
+                                   '"messages": [{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}]',
+                                   '"metadata": {"k": "\\ud800"}'])
+def test_a_lone_surrogate_in_a_chat_field_gets_a_4xx(server, field):
+    body = '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, ' + field + "}"
+    r = httpx.post(f"{server.url}/chat/completions", content=body.encode(),
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert 400 <= r.status_code < 500 and set(r.json()["error"]) == {"message", "type", "param", "code"}, r.text
+    assert r.json()["error"]["param"], r.text  # names the field
+
+
+def test_error_messages_are_one_clipped_line():
+    """Issue 45: a library's multi-line message (llguidance's panic, its ``<backtrace>`` and all) went to
+    clients as it was; error messages are one line, clipped, valid UTF-8, whatever they quote."""
+    from specdec.server.errors import MAX_MESSAGE_CHARS, APIError, error_body
+
+    e = APIError(400, "bad grammar: panicked at x.rs:1\n<backtrace>\n  0: llguidance::f\n\x00" + "y" * 5000,
+                 param="response_format\n\ud800")
+    assert "\n" not in e.message and len(e.message) <= MAX_MESSAGE_CHARS and e.message.endswith("\u2026")
+    assert e.message.startswith("bad grammar: panicked at x.rs:1 <backtrace> 0: llguidance::f \\x00yyy")
+    assert e.param == "response_format \\ud800"
+    body = error_body(404, "the model '\ud800' does not exist")
+    assert body["error"]["message"] == "the model '\\ud800' does not exist"
+    __import__("json").dumps(body, ensure_ascii=False).encode("utf-8")  # sendable
