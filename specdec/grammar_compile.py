@@ -5,8 +5,8 @@ A grammar is code the grammar engine (llguidance, native) compiles: a request ca
 lexer automaton that explodes) or deep (a chain of references, one native stack frame a link). A server
 must not let one request's grammar stop the others, so:
 
-- :class:`TrialWorkers` compile each new grammar first in a child process (``python -I -m
-  specdec.grammar_compile``: isolated from the working directory) that holds the same vocabulary: the
+- :class:`TrialWorkers` compile each new grammar first in a child process (``python -I``, importing
+  nothing from the working directory: :func:`specdec.models.python_command`) that holds the same vocabulary: the
   matcher is built and its first mask computed, exactly what the request will do. Past the budget the child
   is killed; if the grammar crashes it, the child dies. Either way that request gets a
   :class:`~specdec.grammar.GrammarError` (a 400), and the next trial starts a fresh child.
@@ -75,8 +75,10 @@ class _Child:
 
     def __init__(self, payload: dict, stack_bytes: int):
         parent, child = socket.socketpair()
+        from specdec.models import python_command  # isolated from the working directory (SECURITY.md)
+
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-m", "specdec.grammar_compile", str(child.fileno()), str(stack_bytes)],
+            [*python_command("specdec.grammar_compile"), str(child.fileno()), str(stack_bytes)],
             pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         )
         child.close()

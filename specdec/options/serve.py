@@ -48,6 +48,9 @@ def add_serve_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt (default: the context)")
     s.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
     s.add_argument("--drain-timeout", type=float, default=120.0, help="seconds to finish requests on SIGTERM")
+    s.add_argument("--grammar-budget", type=float, default=5.0, metavar="SECONDS",
+                   help="longest a request's grammar (response_format, tools, guided_*) may take to compile, in a "
+                        "separate process; slower ones get a 400 (default 5)")
     s.add_argument("--prefix-cache-tokens", type=int, default=8192,
                    help="tokens of finished requests kept per model (their KV cache copied to host memory) to "
                         "serve later requests' shared prefixes (multi-turn chats, system prompts) without prefill "
@@ -171,6 +174,8 @@ def check_serve_args(args: argparse.Namespace) -> None:
     allowed_hosts(args.host, args.allowed_hosts), allowed_origins(args.allowed_origins)  # bad names: refused now
     if not args.drain_timeout >= 0:  # NaN too
         raise ValueError(f"--drain-timeout must be 0 or more seconds, got {args.drain_timeout}")
+    if not 0 < args.grammar_budget <= 3600:  # NaN too
+        raise ValueError(f"--grammar-budget must be more than 0 and at most 3600 seconds, got {args.grammar_budget}")
     check_model_args(args)
     from specdec.server.app import listen_socket
 
@@ -257,6 +262,6 @@ def load_server(args: argparse.Namespace):
         max_running=args.max_concurrency, max_waiting=args.max_queue, max_body_bytes=args.max_body_bytes,
         max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens_limit,
         prefix_cache_tokens=args.prefix_cache_tokens, prefill_chunk_tokens=args.prefill_chunk_tokens,
-        suffix_cache_tokens=args.suffix_cache_tokens,
+        suffix_cache_tokens=args.suffix_cache_tokens, grammar_budget_s=args.grammar_budget,
     )
     return engine, config

@@ -79,6 +79,8 @@ class ServerConfig:
             ``max_running + max_waiting``, at least 32.
         stream_buffer: Events (chunks of tokens) a streamed response may have waiting for a client that
             does not read them; beyond it the request is cancelled (the client is too slow, or gone).
+        grammar_budget_s: Seconds a request's grammar may take to compile, in a trial process
+            (:mod:`specdec.grammar_compile`); over it, or crashing it, is a 400.
     """
 
     model_name: str
@@ -100,6 +102,7 @@ class ServerConfig:
     header_timeout: float = 10.0
     max_connections: int | None = None
     stream_buffer: int = 4096
+    grammar_budget_s: float = 5.0
 
     @property
     def api_keys(self) -> tuple[str, ...]:
@@ -143,6 +146,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         metrics = ServerMetrics(lambda: scheduler.num_waiting, lambda: scheduler.num_running, engine.cost)
         scheduler.metrics = metrics
         state.update(scheduler=scheduler, metrics=metrics)
+        await asyncio.to_thread(engine.grammar_vocabularies)  # not while serving: it holds the GIL for a while
         yield
         state["draining"] = True
         await asyncio.to_thread(scheduler.close, True)
@@ -176,18 +180,20 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
     async def models():
         return ModelList(data=[ModelCard(id=config.model_name, created=created)])
 
-    def admit(req, tools: serving.ToolPlan | None = None) -> tuple:
+    async def admit(req, tools: serving.ToolPlan | None = None) -> tuple:
         refuse_invalid_unicode(req.model_dump())
         if req.model is not None and req.model != config.model_name:
             shown = req.model if len(req.model) <= 100 else req.model[:100] + "\u2026"
             raise APIError(404, f"the model '{shown}' does not exist; this server serves "
                            f"'{config.model_name}'", param="model", code="model_not_found")
         serving.refuse_unsupported(req)
-        grammar = serving.grammar_of(req, tools)
+        # a grammar's bounds are linear in its text, but its text may be a megabyte: off the event loop
+        grammar_field, grammar = await asyncio.to_thread(serving.grammar_of, req, tools) or (None, None)
         return ({**serving.sampling_kwargs(req), **serving.logprob_kwargs(req), "grammar": grammar},
-                serving.spec_for(engine, req))
+                serving.spec_for(engine, req), grammar_field)
 
-    async def start(req, raw: Request, prompts: list[list[int]], kwargs: dict, spec, default_max: int | None):
+    async def start(req, raw: Request, prompts: list[list[int]], kwargs: dict, spec, default_max: int | None,
+                    grammar_field: str | None = None):
         if len(prompts) * req.n > limits.max_choices:
             raise APIError(400, f"at most {limits.max_choices} choices (prompts x n) per request", param="n")
         items = []
@@ -200,6 +206,8 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
             except (ValueError, TypeError) as e:
                 raise APIError(400, str(e), param=serving.param_of(str(e))) from None
             serving.check_logit_bias(engine, params)
+        if kwargs["grammar"] is not None:  # every cheap check passed: compile (once for all choices)
+            await serving.compile_grammar(engine, kwargs["grammar"], grammar_field, config.grammar_budget_s)
         # the prefix cache's salt: the caller's tenant (API key) and its own cache_salt; see specdec.backends.prefix
         salt = f"{tenant_of(raw.scope)}:{req.cache_salt or ''}"
         try:
@@ -210,9 +218,9 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
 
     @app.post("/v1/completions", response_model=CompletionResponse, responses=_ERRORS)
     async def completions(req: CompletionRequest, raw: Request):
-        kwargs, spec = admit(req)
+        kwargs, spec, grammar_field = await admit(req)
         prompts = await asyncio.to_thread(serving.tokenize_completion_prompts, engine, req.prompt)
-        choices = await start(req, raw, prompts, kwargs, spec, default_max=16)
+        choices = await start(req, raw, prompts, kwargs, spec, default_max=16, grammar_field=grammar_field)
         head = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": config.model_name}
         offsets = [logprobs.TextOffsets() for _ in choices.jobs]
         prov = provenance.wanted(req)
@@ -235,10 +243,10 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS)
     async def chat_completions(req: ChatCompletionRequest, raw: Request):
-        tools = serving.tool_plan(req)
-        kwargs, spec = admit(req, tools)
+        tools = await asyncio.to_thread(serving.tool_plan, req)  # schemas checked: off the event loop
+        kwargs, spec, grammar_field = await admit(req, tools)
         prompts = [await asyncio.to_thread(serving.tokenize_chat, engine, req.messages, tools)]
-        choices = await start(req, raw, prompts, kwargs, spec, default_max=None)
+        choices = await start(req, raw, prompts, kwargs, spec, default_max=None, grammar_field=grammar_field)
         head = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": config.model_name}
         prov = provenance.wanted(req)
         calls = tools is not None and tools.calls  # the answers are parsed for tool calls
