@@ -462,3 +462,30 @@ class Constraint:
                 return 0
             return 1 if m.is_accepting() and m.consume_token(self.vocab.tokenizer.eos_token) else None
         return 1 if m.try_consume_tokens([int(token)]) == 1 else None
+
+
+def serve_trials(fd: int, stack_bytes: int) -> None:
+    """A trial process (:class:`~specdec.grammar_compile.TrialWorkers`): rebuild the vocabulary sent first,
+    then compile each ``(kind, source)`` sent, answering None or the error's message."""
+    from multiprocessing.connection import Connection
+
+    from specdec.grammar_compile import on_large_stack
+
+    conn = Connection(fd)
+    try:
+        vocab = Vocabulary.from_payload(conn.recv())
+    except Exception as e:  # reported to the parent, which refuses the trial
+        conn.send(f"{type(e).__name__}: {e}")
+        return
+    conn.send("ready")
+    while True:
+        try:
+            kind, source = conn.recv()
+        except EOFError:
+            return
+        try:
+            spec = GrammarSpec.checked(kind, source)  # the parent checked it
+            on_large_stack(lambda: vocab.build_matcher(spec), stack_bytes)
+            conn.send(None)
+        except ValueError as e:  # GrammarError included: the parent words it
+            conn.send(str(e))

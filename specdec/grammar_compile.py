@@ -6,7 +6,7 @@ lexer automaton that explodes) or deep (a chain of references, one native stack 
 must not let one request's grammar stop the others, so:
 
 - :class:`TrialWorkers` compile each new grammar first in a child process (``python -I``, importing
-  nothing from the working directory: :func:`specdec.models.python_command`) that holds the same vocabulary: the
+  nothing from the working directory: :func:`specdec.children.python_command`) that holds the same vocabulary: the
   matcher is built and its first mask computed, exactly what the request will do. Past the budget the child
   is killed; if the grammar crashes it, the child dies. Either way that request gets a
   :class:`~specdec.grammar.GrammarError` (a 400), and the next trial starts a fresh child.
@@ -16,12 +16,12 @@ must not let one request's grammar stop the others, so:
   grammar's text: the vocabulary is the tokenizer), so ``n`` choices and an agent sending the same schema
   every turn pay for it once.
 
-Knows llguidance, processes and threads; not HTTP, models or requests.
+Knows processes, sockets and threads (what a trial runs is :mod:`specdec.grammar`'s); not llguidance, HTTP,
+models or requests.
 """
 
 from __future__ import annotations
 
-import os
 import queue
 import socket
 import subprocess
@@ -30,11 +30,17 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Callable, TypeVar
 
+from specdec.children import python_command
+
 T = TypeVar("T")
 
 STACK_BYTES = 256 << 20
 """The stack of a compiling thread: 32x a main thread's usual 8 MiB. With the static bounds
 (:mod:`specdec.grammar_limits`) far below what overflows 8 MiB, a grammar can never reach it."""
+
+CHILD_MODULE = "specdec.grammar_trial"
+"""What a trial process runs (``python -m``): :func:`specdec.grammar.serve_trials` rebuilds the vocabulary and
+compiles what it is sent."""
 
 STARTUP_TIMEOUT_S = 120.0
 """Longest a child may take to start and build the vocabulary (seconds; not counted in a grammar's budget)."""
@@ -75,10 +81,8 @@ class _Child:
 
     def __init__(self, payload: dict, stack_bytes: int):
         parent, child = socket.socketpair()
-        from specdec.models import python_command  # isolated from the working directory (SECURITY.md)
-
-        self.proc = subprocess.Popen(
-            [*python_command("specdec.grammar_compile"), str(child.fileno()), str(stack_bytes)],
+        self.proc = subprocess.Popen(  # python -I, nothing from the working directory (SECURITY.md)
+            [*python_command(CHILD_MODULE), str(child.fileno()), str(stack_bytes)],
             pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         )
         child.close()
@@ -161,33 +165,3 @@ class TrialWorkers:
             if child is not None:
                 child.kill()
             self._idle.put(None)
-
-
-def _serve(fd: int, stack_bytes: int) -> None:
-    """The child: rebuild the vocabulary, then compile each grammar sent, answering None or the error."""
-    conn = Connection(fd)
-    try:
-        from specdec.grammar import GrammarError, GrammarSpec, Vocabulary
-
-        payload = conn.recv()
-        vocab = Vocabulary.from_payload(payload)
-    except Exception as e:  # reported to the parent, which refuses the trial
-        conn.send(f"{type(e).__name__}: {e}")
-        return
-    conn.send("ready")
-    while True:
-        try:
-            kind, source = conn.recv()
-        except EOFError:
-            return
-        try:
-            spec = GrammarSpec.checked(kind, source)  # the parent checked it
-            on_large_stack(lambda: vocab.build_matcher(spec), stack_bytes)
-            conn.send(None)
-        except (GrammarError, ValueError) as e:  # the parent words it
-            conn.send(str(e))
-
-
-if __name__ == "__main__":
-    _serve(int(sys.argv[1]), int(sys.argv[2]))
-    os._exit(0)

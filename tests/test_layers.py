@@ -16,7 +16,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "specdec"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("glossary and settings", ("specdec.types", "specdec.grammar", "specdec.tools", "specdec.params", "specdec.stats")),
+    ("glossary and settings", ("specdec.types", "specdec.children", "specdec.grammar_limits", "specdec.grammar_compile",
+                               "specdec.grammar", "specdec.grammar_trial", "specdec.tools", "specdec.params", "specdec.stats")),
     ("arrays, verifiers, models, backends", ("specdec.sampling", "specdec.verify", "specdec.models", "specdec.backends",
                                              "specdec.distribution")),
     ("proposers", ("specdec.proposers",)),

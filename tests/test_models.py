@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdec import models
+from specdec import children, models
 from specdec.models import KNOWN_MODELS, ModelDownloadError, ModelSpec, cache_dir, ensure_model, resolve_model
 
 VERSION = "0.0.1"
@@ -502,7 +502,7 @@ def test_a_child_imports_what_this_process_imports_but_the_working_directory(tmp
     monkeypatch.chdir(cwd)
     for entry in (str(lib), str(cwd), ""):  # sys.path: "", cwd, lib, ...
         monkeypatch.syspath_prepend(entry)
-    out = subprocess.run([*models.python_command("specdec_child_probe"), "a", "b"], capture_output=True,
+    out = subprocess.run([*children.python_command("specdec_child_probe"), "a", "b"], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     said, file, args = out.stdout.split(" ", 2)

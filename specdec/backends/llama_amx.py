@@ -124,7 +124,7 @@ def _write_cache(key: str, value) -> None:
 def run_child(path: Path) -> int | None:
     """Run the probe's child on ``path`` (isolated from the working directory: a planted ``specdec/`` there
     could choose the verdict); its exit status (negative: killed by that signal), None on timeout."""
-    from specdec.models import python_command
+    from specdec.children import python_command
 
     env = dict(os.environ, **{AMX_ENV: "1"})
     try:

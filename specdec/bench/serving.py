@@ -222,7 +222,8 @@ def visit_order(systems: list, place: int, rnd: int) -> list:
 def start_systems(args, levels: list[int], logs: Path) -> tuple[list[System], list]:
     """Start the servers that ``--systems`` names; returns the systems and the processes to close."""
     from specdec.bench.peer import LlamaServer, ServerProcess, find_llama_server
-    from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, python_command, resolve_model
+    from specdec.children import python_command
+    from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
 
     names = [s.strip() for s in args.systems.split(",") if s.strip()]
     systems, procs = [], []
