@@ -115,23 +115,33 @@ class Engine:
         for vocab in self._vocabularies:
             vocab.close()
 
-    def compile_grammar(self, grammar: GrammarSpec, budget_s: float | None = None) -> None:
-        """Compile ``grammar`` for the target and draft models ahead of a request (so that the request's
-        matchers are copies of a cached one), building their vocabularies on first use (~1 s). A server
-        calls it off its event loop and scheduler thread; without it, a request compiles its grammar when
-        it is built.
+    def compile_grammar(self, grammar: GrammarSpec, budget_s: float | None = None, salt: str = "") -> GrammarSpec:
+        """Compile ``grammar`` for the target and draft models ahead of a request, building their vocabularies
+        on first use (~1 s). A server calls it off its event loop and scheduler thread; without it, a request
+        compiles its grammar when it is built.
 
         Args:
             grammar: The constraint.
             budget_s: Seconds the compilation may take, tried first in a separate process
                 (:meth:`specdec.grammar.Vocabulary.compile`); ``None``: compiled here, unbounded.
+            salt: Whose cache entries (a server's tenant): see :meth:`specdec.grammar.Vocabulary.compile`.
+
+        Returns:
+            ``grammar`` carrying its compiled matchers: a request given it copies them.
 
         Raises:
             specdec.grammar.GrammarError: a grammar llguidance refuses, that matches no text, that crashes
                 the grammar engine or runs over the budget.
         """
-        for vocab in self.grammar_vocabularies():
-            vocab.compile(grammar, budget_s)
+        return grammar.with_compiled([(v, v.compile(grammar, budget_s, salt)) for v in self.grammar_vocabularies()])
+
+    def cached_grammar(self, grammar: GrammarSpec, salt: str = "") -> GrammarSpec | None:
+        """:meth:`compile_grammar`'s answer when every vocabulary has ``grammar`` cached for ``salt`` (dictionary
+        look-ups only: no waiting), else None."""
+        if len(self._vocabularies) < 1:
+            return None
+        pairs = [(v, v.cached(grammar, salt)) for v in self._vocabularies]
+        return grammar.with_compiled(pairs) if all(m is not None for _, m in pairs) else None
 
     def grammar_vocabularies(self) -> list:
         """The :class:`~specdec.grammar.Vocabulary` of the target and of each draft model (one shared by

@@ -22,7 +22,7 @@ import collections
 import json
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 
 import numpy as np
@@ -68,6 +68,9 @@ class GrammarSpec:
 
     kind: Literal["json_schema", "json_object", "regex", "lark", "gbnf"]
     source: str = ""
+    compiled: tuple = field(default=(), compare=False, repr=False)
+    """``((vocabulary, matcher), ...)``: this grammar compiled for those vocabularies (:meth:`Vocabulary.compile`
+    with a salt; a request's matchers are copies of these). Set by :meth:`with_compiled`, never by hand."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -95,6 +98,13 @@ class GrammarSpec:
         spec = object.__new__(cls)
         object.__setattr__(spec, "kind", kind)
         object.__setattr__(spec, "source", source)
+        object.__setattr__(spec, "compiled", ())
+        return spec
+
+    def with_compiled(self, pairs: Sequence[tuple["Vocabulary", object]]) -> "GrammarSpec":
+        """This spec carrying its compiled matchers (``(vocabulary, matcher)`` pairs), checks not run again."""
+        spec = GrammarSpec.checked(self.kind, self.source)
+        object.__setattr__(spec, "compiled", tuple(pairs))
         return spec
 
     @classmethod
@@ -152,6 +162,28 @@ def is_lark(text: str) -> bool:
     ``%llguidance``) rather than GBNF, in time linear in ``len(text)`` (llguidance's own check lets ``\\s``
     run across newlines: quadratic in blank lines)."""
     return _LARK.search(text) is not None
+
+
+_ENGINE_LIMITS = (
+    ("Current row has", "too many alternatives at one position (more than the grammar engine's 2,000); "
+                        "fewer choices, or one regular expression instead of many alternatives"),
+    ("too many expressions", "too many or too complex regular expressions for the grammar engine's lexer"),
+    ("lexer states", "the grammar's regular expressions need too many lexer states"),
+    ("fuel", "a regular expression too costly to evaluate"),
+    ("Earley items", "too many parser items at one position (the grammar is too ambiguous)"),
+    ("grammar size", "the grammar is too large"),
+)
+
+
+def _engine_words(detail: str) -> str:
+    """llguidance's message in our words: a known limit said plainly, an internal failure (a panic) as such,
+    a grammar error (its parser's) as its first line; never its internal state or backtrace."""
+    if "panic" in detail.lower():
+        return "the grammar engine failed on it (an internal error)"
+    for marker, words in _ENGINE_LIMITS:
+        if marker in detail:
+            return words
+    return _one_line(detail.replace("<non-verbose/>", "").splitlines()[0] if detail.strip() else "unknown error")
 
 
 def _one_line(e: BaseException | str) -> str:
@@ -237,14 +269,17 @@ class Vocabulary:
             raise GrammarError(f"the grammar is invalid: {_one_line(e)}") from None
         matcher = LLMatcher(self.tokenizer, grammar, log_level=0, limits=LLParserLimits(**PARSER_LIMITS))
         if matcher.is_error():
-            error = matcher.get_error()
-            if "panic" in error.lower():
-                raise GrammarError("the grammar engine failed on this grammar")
-            raise GrammarError(f"the grammar is invalid: {_one_line(error)}")
+            raise GrammarError(f"the grammar is invalid: {_engine_words(matcher.get_error())}")
         Constraint(self, None, matcher.deep_copy())  # the first mask: the grammar can start
         return matcher
 
-    def compile(self, spec: GrammarSpec, budget_s: float | None = None):
+    def cached(self, spec: GrammarSpec, salt: str = ""):
+        """The matcher :meth:`compile` cached for ``spec`` and ``salt``, or None (a dictionary look-up)."""
+        with self._lock:
+            hit = self._cache.get(_cache_key(spec, salt))
+        return None if isinstance(hit, GrammarError) else hit
+
+    def compile(self, spec: GrammarSpec, budget_s: float | None = None, salt: str = ""):
         """The compiled matcher of ``spec`` (cached; a fresh copy for each :meth:`constraint`).
 
         Args:
@@ -253,13 +288,16 @@ class Vocabulary:
                 process (:mod:`specdec.grammar_compile`) that is killed past ``budget_s`` seconds; a crash or
                 a timeout there is this grammar's :class:`GrammarError`. ``None``: compiled here directly
                 (a grammar the caller wrote).
+            salt: Whose cache entry (a server's tenant): a grammar compiled for one salt is compiled again
+                for another, so that how fast a grammar is accepted never shows whether another tenant sent
+                it.
 
         Raises:
             GrammarError: a grammar llguidance refuses, one that matches no text, or one over the budget.
         """
         from specdec.grammar_compile import TrialWorkers, on_large_stack
 
-        key = spec.kind + "\0" + spec.source
+        key = _cache_key(spec, salt)
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
@@ -294,12 +332,17 @@ class Vocabulary:
         Raises:
             GrammarError: when llguidance cannot build the matcher (a grammar too large, say).
         """
-        return Constraint(self, spec, self.compile(spec).deep_copy())
+        mine = next((m for v, m in spec.compiled if v is self), None)
+        return Constraint(self, spec, (mine or self.compile(spec)).deep_copy())
 
     def close(self) -> None:
         """Stop the trial processes, if any."""
         if self.trials is not None:
             self.trials.close()
+
+
+def _cache_key(spec: GrammarSpec, salt: str) -> str:
+    return f"{salt}\0{spec.kind}\0{spec.source}"
 
 
 PARSER_LIMITS = {"verbose_errors": False}
@@ -406,9 +449,7 @@ class Constraint:
         detail = self.matcher.get_error().split("<state>")[0]
         if "NoExtensionBias" in detail or "NoExtensionBias" in str(self.matcher.stop_reason()):
             return "the grammar matches no text from here (no token can continue it)"
-        if "panic" in detail.lower():  # an internal error of the engine: its words are not the client's
-            return "the grammar engine failed on this grammar"
-        return f"the grammar engine gave up on this grammar: {_one_line(detail)}"
+        return f"the grammar engine gave up on this grammar here: {_engine_words(detail)}"
 
     def _end_only(self) -> np.ndarray:
         allowed = np.zeros(self.vocab.vocab_size, dtype=bool)
@@ -471,6 +512,12 @@ def serve_trials(fd: int, stack_bytes: int) -> None:
 
     from specdec.grammar_compile import on_large_stack
 
+    import os
+
+    try:  # behind the server's own threads: a slow grammar takes the cores streams leave
+        os.nice(10)
+    except OSError:
+        pass
     conn = Connection(fd)
     try:
         vocab = Vocabulary.from_payload(conn.recv())

@@ -180,12 +180,15 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
     async def models():
         return ModelList(data=[ModelCard(id=config.model_name, created=created)])
 
-    async def admit(req, tools: serving.ToolPlan | None = None) -> tuple:
+    def check_request(req) -> None:
+        """The checks that need nothing built: text fields, the model's name."""
         refuse_invalid_unicode(req.model_dump())
         if req.model is not None and req.model != config.model_name:
             shown = req.model if len(req.model) <= 100 else req.model[:100] + "\u2026"
             raise APIError(404, f"the model '{shown}' does not exist; this server serves "
                            f"'{config.model_name}'", param="model", code="model_not_found")
+
+    async def admit(req, tools: serving.ToolPlan | None = None) -> tuple:
         serving.refuse_unsupported(req)
         # a grammar's bounds are linear in its text, but its text may be a megabyte: off the event loop
         grammar_field, grammar = await asyncio.to_thread(serving.grammar_of, req, tools) or (None, None)
@@ -206,8 +209,10 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
             except (ValueError, TypeError) as e:
                 raise APIError(400, str(e), param=serving.param_of(str(e))) from None
             serving.check_logit_bias(engine, params)
-        if kwargs["grammar"] is not None:  # every cheap check passed: compile (once for all choices)
-            await serving.compile_grammar(engine, kwargs["grammar"], grammar_field, config.grammar_budget_s)
+        if kwargs["grammar"] is not None:  # every cheap check passed: compile (once for all choices, per tenant)
+            grammar = await serving.compile_grammar(engine, kwargs["grammar"], grammar_field, config.grammar_budget_s,
+                                                    tenant_of(raw.scope))
+            items = [(ids, params.replace(grammar=grammar), spec) for ids, params, spec in items]
         # the prefix cache's salt: the caller's tenant (API key) and its own cache_salt; see specdec.backends.prefix
         salt = f"{tenant_of(raw.scope)}:{req.cache_salt or ''}"
         try:
@@ -218,6 +223,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
 
     @app.post("/v1/completions", response_model=CompletionResponse, responses=_ERRORS)
     async def completions(req: CompletionRequest, raw: Request):
+        check_request(req)
         kwargs, spec, grammar_field = await admit(req)
         prompts = await asyncio.to_thread(serving.tokenize_completion_prompts, engine, req.prompt)
         choices = await start(req, raw, prompts, kwargs, spec, default_max=16, grammar_field=grammar_field)
@@ -243,6 +249,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS)
     async def chat_completions(req: ChatCompletionRequest, raw: Request):
+        check_request(req)
         tools = await asyncio.to_thread(serving.tool_plan, req)  # schemas checked: off the event loop
         kwargs, spec, grammar_field = await admit(req, tools)
         prompts = [await asyncio.to_thread(serving.tokenize_chat, engine, req.messages, tools)]

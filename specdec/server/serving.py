@@ -239,16 +239,25 @@ _COMPILERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar")
 """Where grammars compile: off the event loop and the scheduler thread (each waits for a trial process)."""
 
 
-async def compile_grammar(engine, grammar, field: str, budget_s: float) -> None:
+async def compile_grammar(engine, grammar, field: str, budget_s: float, salt: str):
     """Compile a request's grammar for the engine's models (:meth:`~specdec.engine.Engine.compile_grammar`:
-    a trial in a child process under ``budget_s`` seconds, then cached), off the event loop.
+    a trial in a child process under ``budget_s`` seconds, then cached per ``salt``, the tenant), off the
+    event loop; a grammar the tenant sent before is answered from the cache at once, never waiting behind
+    other compilations.
+
+    Returns:
+        The grammar carrying its compiled matchers (for the request's SamplingParams).
 
     Raises:
         APIError: 400 naming ``field`` for a grammar that does not compile, crashes the grammar engine or
             runs over the budget; 503 when no trial process can start.
     """
+    cached = engine.cached_grammar(grammar, salt)
+    if cached is not None:
+        return cached
     try:
-        await asyncio.get_running_loop().run_in_executor(_COMPILERS, engine.compile_grammar, grammar, budget_s)
+        return await asyncio.get_running_loop().run_in_executor(_COMPILERS, engine.compile_grammar, grammar,
+                                                                budget_s, salt)
     except GrammarError as e:
         raise APIError(400, f"{field}: {e}", param=field) from None
     except RuntimeError as e:  # the trial process itself: the server's problem, not the request's

@@ -311,3 +311,50 @@ def test_an_end_token_inside_a_grammar_never_ends_the_output_early(server):
     assert r.status_code == 200, r.text[:300]
     choice = r.json()["choices"][0]
     assert (choice["text"], choice["finish_reason"]) == ("acb", "stop")
+
+
+def test_the_engine_s_limits_are_said_in_our_words(server):
+    """llguidance's "Current row has 5001 items; max is 2000; consider making your grammar left-recursive ...
+    <non-verbose/>" reached clients: now the limit is named plainly."""
+    r = completion(server, guided_choice=[f"c{i}" for i in range(5000)])
+    assert_error(r, 400, None, "too many alternatives at one position")
+    assert "non-verbose" not in r.text and "Earley" not in r.text
+
+
+def test_a_cached_grammar_never_waits_behind_slow_compilations(server, trials):
+    """Two slow new grammars hold both compiling threads; a grammar this tenant sent before is answered from
+    the cache meanwhile (it used to queue behind them)."""
+    cached = {"guided_regex": "[0-9]{1,3}"}
+    assert completion(server, **cached).status_code == 200
+    slow = [schema_format({"type": "object", "properties": {f"s{j}_{i}": {"type": "string", "pattern": f"^x{i}(a|b)*$"}
+                                                            for i in range(10_000)}}) for j in range(2)]
+    threads = [threading.Thread(target=chat, kwargs={"server": server, "response_format": s}) for s in slow]
+    for t in threads:
+        t.start()
+    wait = time.monotonic() + 60
+    while len(trials) < 3 and time.monotonic() < wait:  # both slow grammars are in their trials
+        time.sleep(0.02)
+    assert completion(server, **cached).status_code == 200
+    assert all(t.is_alive() for t in threads), "the slow grammars finished first: the test proves nothing"
+    for t in threads:
+        t.join()
+
+
+def test_tenants_do_not_share_compiled_grammars(tmp_path_factory, trials):
+    """A grammar one tenant compiled is compiled again for another (the time it takes would otherwise tell
+    the second tenant whether the first sent that schema); each tenant's repeats hit its own cache."""
+    d = tmp_path_factory.mktemp("tenants")
+    target = write_tiny_qwen2_gguf(d / "target.gguf", seed=0, n_ctx=512, chat_template=QWEN2_5_TEMPLATE)
+    draft = write_tiny_qwen2_gguf(d / "draft.gguf", seed=1, n_layer=1, n_ctx=512, chat_template=QWEN2_5_TEMPLATE)
+    engine = tiny_engine(target, draft, n_seq_max=4, n_ctx=512)
+    schema = schema_format({"type": "object", "properties": {"secret_field": {"type": "integer"}}})
+    try:
+        with LiveServer(engine, api_key=("key-a", "key-b"), max_running=2) as srv:
+            for key in ("key-a", "key-a", "key-b", "key-b"):
+                r = httpx.post(f"{srv.url}/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=120,
+                               json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                                     "temperature": 0, "response_format": schema})
+                assert r.status_code == 200, r.text[:300]
+    finally:
+        engine.close()
+    assert len(trials) == 2, trials  # one per tenant
