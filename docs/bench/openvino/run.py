@@ -4,7 +4,7 @@ A script, not a dependency of specdec. It needs, in the Python that runs it (a v
 packages is enough; specdec itself must import):
 
     python3 -m venv --system-site-packages /tmp/ov-venv
-    /tmp/ov-venv/bin/pip install openvino-genai==2026.4.1.0 "optimum-intel[openvino]==2.2.0"
+    /tmp/ov-venv/bin/pip install openvino-genai==2026.4.1.0 "optimum-intel[openvino]==2.2.0" gguf accelerate
 
 (about a minute; optimum-intel's torchvision brings PyTorch 2.14 with its CUDA libraries into the venv, ~5.7
 GB, and transformers 5.5; the system's packages stay as they are)
