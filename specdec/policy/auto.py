@@ -38,6 +38,10 @@ DRAFT_MARGIN = 1.05
 """``auto`` considers a draft model only if, with every draft accepted, it would beat plain decoding by
 this factor: a draft that cannot gain 5% even then is not worth its prefill and probes."""
 
+PLAIN_EVERY = 8
+"""With padded steps, one step priced plain in this many stays plain (no free guess): the cost model's ``S(1)``,
+which prices every option and shows when the machine gets busier, is measured on those."""
+
 TREE_ALTERNATIVES = 3
 """Most alternative candidates ``auto`` adds to a suffix path in one call (also bounded by the target's free
 KV sequences and ``SpecConfig.suffix_alternatives`` when that is larger)."""
@@ -65,15 +69,21 @@ class AutoProposer(Sources):
         tree: Most alternative candidates added to a suffix path (:func:`~specdec.policy.tree.grow_tree`);
             0: chains only.
         free_sequences: ``() -> int``, the target's free KV sequences now (each alternative needs one).
+        padded_steps: The target pads a one-token step to two rows (exact numerics): a step priced plain
+            carries the best free guess in that row instead (:meth:`free_guess`), one more token when it is
+            accepted, at no cost.
     """
 
     def __init__(self, draft: DraftModelProposer | None = None, ngram_max: int = 3, ngram_min: int = 1,
                  cost_model: CostModel | None = None, suffix: SuffixProposer | None = None,
-                 drafts: dict[str, DraftModelProposer] | None = None, tree: int = 0, free_sequences=lambda: 0):
+                 drafts: dict[str, DraftModelProposer] | None = None, tree: int = 0, free_sequences=lambda: 0,
+                 padded_steps: bool = False):
         super().__init__(cost_model, adaptive=True, ngram_max=ngram_max, ngram_min=ngram_min, suffix=suffix,
                          drafts=drafts, draft=draft)
         self.probe = ProbeSchedule()
         self.tree = tree
+        self.padded_steps = padded_steps
+        self._plain_steps = 0  # steps priced plain (with padded_steps: see PLAIN_EVERY)
         self._free_sequences = free_sequences
         self._branches: tuple[Draft, ...] = ()  # the alternatives of this step's suffix choice (a tree)
         self._no_pay: dict[str, tuple] = {}  # drafter -> (conditions, catch-up) of its last "cannot pay"
@@ -102,6 +112,23 @@ class AutoProposer(Sources):
             # a draft model may stop early (p_min): what it proposed is what was expected of
             return dataclasses.replace(p, expected=self._expected(dataclasses.replace(choice, k=len(p.tokens)),
                                                                   order, suffix)) if p.tokens else p
+        if not self.padded_steps or math.isnan(self.cost.plain(params.greedy, load).seconds):
+            return EMPTY_PROPOSAL  # (S(1) unmeasured: the first steps measure it)
+        self._plain_steps += 1
+        if self._plain_steps % PLAIN_EVERY == 0:
+            return EMPTY_PROPOSAL  # a real plain step now and then keeps S(1), and its drift, measured
+        return self.free_guess(match, order, suffix)
+
+    def free_guess(self, match: list[int], order: int, suffix: Proposal) -> Proposal:
+        """A plain step's padding row put to work: one draft from what costs nothing to propose (the n-gram
+        continuation, else suffix decoding's first token), or none. Where the target pads a one-token call
+        to two rows anyway, a one-token draft makes the step no dearer and commits two tokens when accepted;
+        verification is unchanged, so the output is too (lossless as any draft)."""
+        if match:
+            return Proposal(tokens=match[:1], kind=f"ngram{order}")
+        if suffix.tokens:
+            return dataclasses.replace(suffix, tokens=suffix.tokens[:1], confidence=suffix.confidence[:1],
+                                       alternatives=(), expected=math.nan)
         return EMPTY_PROPOSAL
 
     def _expected(self, choice: Choice, order: int, suffix: Proposal) -> float:
@@ -274,4 +301,4 @@ def auto_factory(ctx: ProposerContext, spec: SpecConfig) -> AutoProposer:
     suffix = SuffixProposer(spec.suffix_depth, spec.suffix_min_prob, 0, ctx.suffix_cache)
     return AutoProposer(ngram_max=spec.ngram_max, ngram_min=spec.ngram_min, cost_model=ctx.cost, suffix=suffix,
                         drafts=drafts, tree=max(TREE_ALTERNATIVES, spec.suffix_alternatives),
-                        free_sequences=ctx.free_sequences)
+                        free_sequences=ctx.free_sequences, padded_steps=ctx.padded_steps)

@@ -204,6 +204,8 @@ class ProposerContext:
             alternative candidate of a token tree (``auto`` plans no more alternatives than that).
         cache_salt: The request's prefix-cache salt: the target's and the draft models' sequences of the
             request carry it (:class:`~specdec.backends.cache.SequenceCache`).
+        padded_steps: The target scores a one-token step as two rows anyway (exact numerics pad it,
+            :mod:`specdec.backends.ik_exact`): a one-token draft in the second row costs nothing.
     """
 
     drafts: "tuple[Backend, ...]"
@@ -212,6 +214,7 @@ class ProposerContext:
     suffix_cache: "SuffixCache | None" = None
     free_sequences: Callable[[], int] = lambda: 0
     cache_salt: str = ""
+    padded_steps: bool = False
 
     @property
     def draft(self) -> "Backend | None":
