@@ -216,7 +216,8 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         # the prefix cache's salt: the caller's tenant (API key) and its own cache_salt; see specdec.backends.prefix
         salt = f"{tenant_of(raw.scope)}:{req.cache_salt or ''}"
         try:
-            return serving.Choices(state["scheduler"], items, cache_salt=salt, buffer=config.stream_buffer)
+            return serving.Choices(state["scheduler"], items, cache_salt=salt, buffer=config.stream_buffer,
+                                   grammar_field=grammar_field)
         except APIError as e:
             state["metrics"].rejected.labels(reason=e.code or str(e.status)).inc()
             raise
@@ -360,7 +361,7 @@ async def _stream(choices: serving.Choices, req, chunk, prompts, spec, content, 
         while any(r is None for r in results):
             i, ev = await choices.events.get()
             if isinstance(ev, BaseException):
-                e = serving.engine_error(ev)
+                e = serving.engine_error(ev, choices.grammar_field)
                 yield error_body(e.status, e.message, e.param, e.code, e.type)
                 break
             # logprobs and provenance of tokens whose text is held back still go out

@@ -501,13 +501,16 @@ class Choices:
         buffer: Most events waiting in the queue: a client that reads none (stopped reading a stream, or
             gone without the server noticing yet) while more arrive has its choices cancelled, and the
             queue ends with a :class:`StreamOverflowError`, instead of growing without bound.
+        grammar_field: The request's field that gave its grammar (``response_format``, ``tools``, ...): an
+            error the grammar raises while generating names it.
 
     Raises:
         APIError: 429 when the queue is full, 503 while the server shuts down.
     """
 
     def __init__(self, scheduler, items: list[tuple[list[int], SamplingParams, SpecConfig]], cache_salt: str = "",
-                 buffer: int = 4096):
+                 buffer: int = 4096, grammar_field: str | None = None):
+        self.grammar_field = grammar_field  # the request field a GrammarError found while generating names
         loop = asyncio.get_running_loop()
         self.events: asyncio.Queue[tuple[int, StreamChunk | BaseException]] = asyncio.Queue()
         self.buffer, self.overflowed = buffer, False
@@ -548,18 +551,20 @@ class Choices:
         while any(r is None for r in out):
             i, ev = await self.events.get()
             if isinstance(ev, BaseException):
-                raise engine_error(ev)
+                raise engine_error(ev, self.grammar_field)
             if ev.result is not None:
                 out[i] = ev.result
         return out  # type: ignore[return-value]
 
 
-def engine_error(e: BaseException) -> APIError:
+def engine_error(e: BaseException, grammar_field: str | None = None) -> APIError:
     """An error raised in the scheduler thread as an API error: 400 for a request the engine refused at
     admission (:class:`~specdec.scheduler.RequestError`, its message written for clients), 503 when the
     scheduler died or the client's stream overflowed, else 500 saying only that generation failed (a
     ``ValueError`` of a library during a step too); the details go to the log, not to the client."""
-    if isinstance(e, (RequestError, GrammarError)):  # a grammar found impossible while generating: the client's
+    if isinstance(e, GrammarError) and grammar_field:  # found impossible while generating: the client's grammar
+        return APIError(400, f"{grammar_field}: {e}", param=grammar_field)
+    if isinstance(e, (RequestError, GrammarError)):
         return APIError(400, str(e))
     if isinstance(e, StreamOverflowError):
         return APIError(503, f"request cancelled: {e}", code="client_too_slow")

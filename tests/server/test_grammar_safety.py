@@ -304,7 +304,11 @@ def test_an_end_token_inside_a_grammar_never_ends_the_output_early(server):
     ``<|im_end|>``, llguidance panics on this vocabulary: a 400 in our words.)"""
     eog = min(server.engine.target.eog_ids)
     r = completion(server, guided_grammar=f'start: "a" <[{eog}]> "b"\n', max_tokens=8)
-    assert_error(r, 400, None, "end-of-generation")  # found while generating: no field named
+    assert_error(r, 400, "guided_grammar", "end-of-generation")  # found while generating, the field named
+    streamed = completion(server, guided_grammar=f'start: "a" <[{eog}]> "b"\n', max_tokens=8, stream=True)
+    errors = [json.loads(line[6:])["error"] for line in streamed.text.splitlines()
+              if line.startswith("data: {") and '"error"' in line]
+    assert len(errors) == 1 and errors[0]["param"] == "guided_grammar", streamed.text[-400:]
     assert_error(completion(server, guided_grammar='start: "a" <|im_end|> "b"\n'), 400, "guided_grammar",
                  "grammar engine failed")
     r = completion(server, guided_grammar=f'start: "a" (<[{eog}]> | "c") "b"\n', max_tokens=8)
@@ -317,7 +321,7 @@ def test_the_engine_s_limits_are_said_in_our_words(server):
     """llguidance's "Current row has 5001 items; max is 2000; consider making your grammar left-recursive ...
     <non-verbose/>" reached clients: now the limit is named plainly."""
     r = completion(server, guided_choice=[f"c{i}" for i in range(5000)])
-    assert_error(r, 400, None, "too many alternatives at one position")
+    assert_error(r, 400, "guided_choice", "too many alternatives at one position")
     assert "non-verbose" not in r.text and "Earley" not in r.text
 
 
