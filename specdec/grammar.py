@@ -229,10 +229,9 @@ class Vocabulary:
         self.vocab_size = vocab_size
         self.eog_ids = frozenset(eog_ids)
         eos = min(self.eog_ids) if self.eog_ids else 0
-        tokens = list(tokens[:vocab_size])
-        special = sorted(set(special_ids) | self.eog_ids)
-        self._payload = {"tokens": tokens, "vocab_size": vocab_size, "eog_ids": sorted(self.eog_ids),
-                         "special_ids": special}
+        self._eog = np.array(sorted(self.eog_ids), dtype=np.int64)  # [n_eog] int64, for the masks
+        self._payload = _payload(tokens, vocab_size, self.eog_ids, special_ids)
+        tokens, special = self._payload["tokens"], self._payload["special_ids"]
         if tokenize is None:  # greedy over the tokens: a tokenizer only to tokenize with
             greedy = LLTokenizer(TokenizerWrapper(_Tokens(tokens, eos, special, lambda b: [])), n_vocab=vocab_size)
             tokenize = lambda text: greedy.greedy_tokenize(text.decode("utf-8", "replace"))  # noqa: E731
@@ -350,6 +349,13 @@ PARSER_LIMITS = {"verbose_errors": False}
 items per step) and the grammar's size; errors without its internal state (a client's message, not a
 debugging dump)."""
 
+def _payload(tokens: Sequence[bytes], vocab_size: int, eog_ids, special_ids) -> dict:
+    """A vocabulary's content (what a trial process rebuilds it from, and what tells two models' apart)."""
+    eog = sorted(eog_ids)
+    return {"tokens": list(tokens[:vocab_size]), "vocab_size": vocab_size, "eog_ids": eog,
+            "special_ids": sorted(set(special_ids) | set(eog))}
+
+
 _VOCAB_OF: "weakref.WeakKeyDictionary" = None  # backend -> its Vocabulary, built on first use
 _VOCAB_LOCK = threading.Lock()
 
@@ -378,8 +384,7 @@ def vocabulary_of(backend, vocab_size: int, like: Vocabulary | None = None) -> V
         control = {t.encode() for t in backend.control_token_texts()}
         special = [i for i, b in enumerate(tokens) if b in control]  # never text inside a grammar
         eog = frozenset(t for t in backend.eog_ids if t < vocab_size)
-        mine = {"tokens": tokens, "vocab_size": vocab_size, "eog_ids": sorted(eog), "special_ids": sorted(set(special) | eog)}
-        if like is not None and like.payload() == mine:
+        if like is not None and like.payload() == _payload(tokens, vocab_size, eog, special):
             vocab = like
         else:
             vocab = Vocabulary(tokens, vocab_size, eog, lambda text: backend.tokenize(text.decode("utf-8", "replace")),
@@ -416,7 +421,7 @@ class Constraint:
         if self.matcher.is_error():
             raise GrammarError(self._failure())
         allowed = np.unpackbits(bits.view(np.uint8), bitorder="little")[: self.vocab.vocab_size].astype(bool)
-        eog = list(self.vocab.eog_ids)
+        eog = self.vocab._eog
         if self.matcher.is_accepting():  # llguidance allows its own eos there; every eog id ends the text
             allowed[eog] = True
         elif allowed[eog].any():  # a grammar naming an end token (Lark's <|im_end|>) mid-text: it would end
@@ -453,7 +458,7 @@ class Constraint:
 
     def _end_only(self) -> np.ndarray:
         allowed = np.zeros(self.vocab.vocab_size, dtype=bool)
-        allowed[list(self.vocab.eog_ids)] = True
+        allowed[self.vocab._eog] = True
         return allowed
 
     def valid_prefix(self, tokens: Sequence[int]) -> int:
