@@ -183,7 +183,14 @@ def _engine_words(detail: str) -> str:
     for marker, words in _ENGINE_LIMITS:
         if marker in detail:
             return words
-    return _one_line(detail.replace("<non-verbose/>", "").splitlines()[0] if detail.strip() else "unknown error")
+    lines = [line for line in detail.replace("<non-verbose/>", "").splitlines() if line.strip()]
+    if not lines:
+        return "unknown error"
+    head = lines[0]
+    if head.rstrip().endswith(":"):  # a regex's error: its reason is the "error: ..." line below the diagram
+        reason = next((line.strip() for line in lines[1:] if line.strip().startswith("error:")), None)
+        head = f"{head} {reason[len('error:'):].strip()}" if reason else head.rstrip().rstrip(":")
+    return _one_line(head)
 
 
 def _one_line(e: BaseException | str) -> str:

@@ -59,7 +59,7 @@ def test_rollback_restores_the_state(vocab, tiny_target):
 @pytest.mark.parametrize("kind,source,words", [
     ("json_schema", "{not json", "not JSON"),
     ("json_schema", json.dumps({"type": "object", "properties": {"a": {"type": "nosuchtype"}}}), "invalid"),
-    ("regex", "(unclosed", "invalid"),
+    ("regex", "(unclosed", "unclosed group"),  # the reason, not a dangling "regex parse error:"
     ("lark", "start: undefined_rule", "invalid"),
     ("xml", "", "unknown grammar kind"),
 ])
