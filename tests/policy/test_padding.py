@@ -41,10 +41,17 @@ def test_no_guess_before_s1_is_measured():
     assert not p.propose(CONTEXT, 4, GREEDY, None).tokens
 
 
+def plain_choice(self, match, order, k, catchup, greedy, suffix=None, load=ALONE):
+    return self.cost.plain(greedy, load)
+
+
 @pytest.mark.parametrize("params", [SamplingParams(max_tokens=48),
                                     SamplingParams(max_tokens=48, temperature=0.8, seed=3)], ids=["greedy", "seeded"])
-def test_the_guesses_change_no_output(tiny_target_path, tiny_draft_path, params):
+def test_the_guesses_change_no_output(tiny_target_path, tiny_draft_path, params, monkeypatch):
     from server_helpers import tiny_engine
+
+    # every step priced plain, as prose is: which steps auto speculates on otherwise depends on the CPU's timings
+    monkeypatch.setattr(AutoProposer, "choose", plain_choice)
 
     engine = tiny_engine(tiny_target_path, tiny_draft_path, n_seq_max=2, backend="ik_llama.cpp")
     try:
@@ -53,7 +60,7 @@ def test_the_guesses_change_no_output(tiny_target_path, tiny_draft_path, params)
         plain = engine.generate(prompt, params, SpecConfig(method="none"))
         auto = engine.generate(prompt, params, SpecConfig(method="auto"))
         assert auto.token_ids == plain.token_ids
-        steps = auto.stats.adaptive["steps"] if auto.stats.adaptive else {}
-        assert any(k.startswith("ngram") for k in steps), steps  # the n-gram rows were used
+        # every step was priced plain, so each draft verified was a free guess in the padding row
+        assert auto.stats.proposed > 0
     finally:
         engine.close()
