@@ -310,7 +310,7 @@ class Engine:
         context = ProposerContext(drafts=self.drafts, vocab_size=self.info.vocab_size, cost=self.cost,
                                   suffix_cache=self.suffix_cache, cache_salt=cache_salt,
                                   free_sequences=lambda: target.free_sequences if trees else 0,
-                                  padded_steps=target.numerics == "exact")
+                                  padded_steps=getattr(target, "pads_one_token", False))
         return new_request(self.info, self.target, prompt_ids, params, spec, context, proposer)
 
     def step(self, requests: Sequence[Request], prefill_chunk: int | None = None):

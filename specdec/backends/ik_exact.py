@@ -15,7 +15,9 @@ wheel, ``docs/bench/invariance/``):
    ``ggml/src/iqk/iqk_gemm_kquants.cpp``); with two rows or more every row is computed alike (checked up
    to 512). So no call here holds one token: a one-token call gets a second, padding token after it (a
    copy, at the next position, removed again; causal attention keeps the first row blind to it), and a
-   call asks logits for at least two rows, because the last layer runs on the rows asked for only.
+   call asks logits for at least two rows, because the last layer runs on the rows asked for only. A build
+   of the same sources whose one-row kernels take the general path (:mod:`specdec.backends.ik_build`,
+   verified bitwise against the wheel's padded calls) needs no padding, and gets none.
 
 The price: sequences are no longer batched into one forward pass (a server's clients take turns; on a
 2-core CPU batching several sequences bought little, ``docs/bench/serving-*``), a one-token decode costs a
@@ -76,6 +78,9 @@ class IkExactBackend(IkLlamaCppBackend):
 
     Attributes:
         n_contexts: The most contexts this backend creates (the first at load, the others on demand).
+        pads_one_token: Whether a one-token call is padded to two rows: True with the wheel's library, False
+            with a build of exact one-row kernels (:mod:`specdec.backends.ik_build`, ``specdec kernels
+            --build``), which computes one row as it computes many.
 
     Raises:
         ValueError: when ``n_batch < 3``, or more than :data:`MAX_SEQUENCES` contexts are asked for; and as
@@ -89,6 +94,8 @@ class IkExactBackend(IkLlamaCppBackend):
         if n_batch < MIN_BATCH:
             raise ValueError(f"n_batch must be >= {MIN_BATCH} for batch-invariant scoring, got {n_batch}")
         super().__init__(*args, **kwargs)
+        self.pads_one_token = not getattr(self._lib, "one_row_exact", False)
+        self._min_rows = 2 if self.pads_one_token else 1
 
     def _open_contexts(self, n_cells: int | None, side_prefill: bool) -> None:
         # Contexts of n_ctx + 1 cells each (+ 1: the padding token of a full sequence), as many as n_cells allows
@@ -219,11 +226,11 @@ class IkExactBackend(IkLlamaCppBackend):
         first = n - n_logits  # the first row whose logits are wanted
         for lo, hi in exact_chunks(n, self.n_batch):
             toks, poss = tokens[lo:hi], list(range(start + lo, start + hi))
-            padded = hi - lo == 1
+            padded = hi - lo == 1 and self.pads_one_token
             if padded:  # a padding token after it, removed below; the real row cannot see it
                 toks, poss = toks * 2, [poss[0], poss[0] + 1]
             wanted = max(0, hi - max(lo, first))  # rows of this call whose logits are wanted (its last ones)
-            asked = len(toks) - (max(wanted, 2) if wanted else 0)  # at least two rows when any
+            asked = len(toks) - (max(wanted, self._min_rows) if wanted else 0)  # (two rows when padded)
             # the sequence is id 0 in its context (error messages name that id)
             self._decode(toks, [_ONLY] * len(toks), poss, [False] * asked + [True] * (len(toks) - asked))
             for j in range(wanted):  # the wanted rows are the call's last real ones (batch indices)

@@ -162,6 +162,12 @@ def load_library() -> SimpleNamespace:
     wanted = os.environ.get(LIB_ENV)
     if wanted and not Path(wanted).is_file():
         raise BackendError(f"{LIB_ENV}={wanted} is not a file: point it at an ik_llama.cpp libllama.so")
+    if not wanted:  # this CPU's verified build of exact one-row kernels, when `specdec kernels --build` made one
+        from specdec.backends.ik_build import cached_library
+
+        built = cached_library()
+        wanted = str(built) if built else None
+    explicit = bool(os.environ.get(LIB_ENV))
     # The package loads its library once, at import, from IK_LLAMA_CPP_LIB_PATH when that is set: set it
     # for the import only (a failed import is retried by the next call, and nothing else sees it).
     saved = os.environ.get(_PACKAGE_ENV)
@@ -178,7 +184,7 @@ def load_library() -> SimpleNamespace:
         else:
             os.environ[_PACKAGE_ENV] = saved
     raw = C._lib
-    if wanted and Path(raw._name).resolve() != Path(wanted).resolve():
+    if explicit and Path(raw._name).resolve() != Path(wanted).resolve():  # (the cached build: the wheel then)
         raise BackendError(f"{LIB_ENV}={wanted} was set after ik_llama_cpp loaded {raw._name}; set it before "
                            "the process starts")
     missing = [n for n in (*_FROM_PACKAGE, *_DECLARED) if not hasattr(raw, n)]
@@ -196,6 +202,8 @@ def load_library() -> SimpleNamespace:
         raise BackendError(f"{raw._name} does not match the struct layout of ik-llama-cpp-python {IK_VERSION} "
                            f"(built from other ik_llama.cpp sources?): {'; '.join(bad)}")
     lib.system_info = (lib.llama_print_system_info() or b"").decode()
+    # a build of specdec's patch (specdec.backends.ik_build) computes one activation row as it computes many
+    lib.one_row_exact = hasattr(raw, "specdec_exact_one_row") and raw.specdec_exact_one_row() == 1
     if os.environ.get("SPECDEC_VERBOSE") != "1":
         lib.llama_log_set(_quiet_log, None)
     lib.llama_backend_init()

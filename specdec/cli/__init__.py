@@ -1,5 +1,5 @@
 """The ``specdec`` command line: one module per subcommand (``generate``, ``check``, ``models``, ``serve``,
-``bench``, ``make-draft``), shared option builders in :mod:`specdec.cli.options`.
+``bench``, ``make-draft``, ``kernels``), shared option builders in :mod:`specdec.cli.options`.
 
 Every error a user can cause becomes one line on stderr and a non-zero exit, never a traceback; the
 library's messages name its API, and :func:`cli_terms` turns those names into this command line's
@@ -13,10 +13,10 @@ import re
 import sys
 from typing import Sequence
 
-from specdec.cli import bench, check, generate, make_draft, models, serve
+from specdec.cli import bench, check, generate, kernels, make_draft, models, serve
 from specdec.cli.options import OneLineErrorParser
 
-SUBCOMMANDS = (generate, check, models, serve, bench, make_draft)
+SUBCOMMANDS = (generate, check, models, serve, bench, make_draft, kernels)
 
 
 def build_parser() -> argparse.ArgumentParser:

