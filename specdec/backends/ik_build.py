@@ -13,7 +13,9 @@ and the backend stops padding.
 The build keeps the wheel's instruction set (AVX, AVX2, FMA, F16C; ``-DGGML_NATIVE=OFF``), so its multi-row
 arithmetic is the wheel's, and is accepted only when :func:`verify` finds a real model's logits bitwise equal
 between the wheel (padded calls) and the build (one-row calls) over a fixed token sequence: greedy and seeded
-outputs do not change with it. It is built by ``specdec kernels --build`` (about 25-50 minutes on 2 cores),
+outputs do not change with it. The record names the GGUF file types verified (``general.file_type``, e.g.
+Q4_K_M; each is a mix of quantization types whose kernels were exercised): a model of another file type keeps
+the padding until ``specdec kernels --build --model it.gguf`` verifies it. It is built by ``specdec kernels --build`` (6-7 minutes on 2 cores),
 into ``cache_dir()/kernels/ik-<version>-<cpu>/`` (the CPU: a hash of its model name and flags), renamed
 into place only once verified. ``SPECDEC_IK_LIB`` (another library) takes precedence; ``SPECDEC_IK_BUILD=0``
 ignores the cached build.
@@ -91,6 +93,16 @@ def build_dir() -> Path:
     return cache_dir() / "kernels" / f"ik-{IK_VERSION}-{cpu_key()}"
 
 
+def verified_file_types(library: Path) -> frozenset[int]:
+    """The GGUF file types (``general.file_type``) the build holding ``library`` was verified on, from its
+    ``verified.json``; empty when there is none (a build not made by :func:`build`: it pads, as the wheel)."""
+    try:
+        record = json.loads((library.parent / "verified.json").read_text())
+        return frozenset(int(v["file_type"]) for v in record["models"].values() if v["equal"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return frozenset()
+
+
 def cached_library() -> Path | None:
     """This CPU's verified build's ``libllama.so``, or None (none built, or ``SPECDEC_IK_BUILD=0``)."""
     if os.environ.get(BUILD_ENV) == "0":
@@ -166,14 +178,15 @@ def compile_library(src: Path, out: Path, jobs: int, log) -> None:
         shutil.copy2(found[0], out / name)
 
 
-def score(model: Path) -> np.ndarray:
+def score(model: Path) -> tuple[np.ndarray, bool, int | None]:
     """Logits of :data:`VERIFY_TEXT` on ``model`` through :class:`~specdec.backends.ik_exact.IkExactBackend`
     (the library this process loads): a 6-token prefill (its last two rows), then one-token calls (16), then
-    three-token calls (4); ``[38, n_vocab] float32``. With the wheel the one-token calls are padded, with a
-    marked build they are not."""
+    three-token calls (4): ``[30, n_vocab] float32``; and whether the one-token calls were padded (with the
+    wheel they are, with a marked build not); and the model's GGUF file type."""
     from specdec.backends.ik_exact import IkExactBackend
 
     b = IkExactBackend(model, n_ctx=256, n_seq_max=1, n_threads=2, name="verify")
+    b.pads_one_token = not b._lib.one_row_exact  # (a build's file types are recorded once verified)
     try:
         tokens = b.tokenize(VERIFY_TEXT)
         if len(tokens) < 34:
@@ -183,13 +196,18 @@ def score(model: Path) -> np.ndarray:
         for size in [1] * 16 + [3] * 4:
             rows.append(b.eval({seq: (tokens[at:at + size], size)})[seq])
             at += size
-        return np.concatenate(rows)
+        return np.concatenate(rows), b.pads_one_token, b.file_type
     finally:
         b.close()
 
 
-def _score_child(model: Path, library: Path | None, out: Path, log) -> np.ndarray:
-    """:func:`score` in a child process loading ``library`` (None: the wheel's)."""
+def _score_child(model: Path, library: Path | None, out: Path, log) -> tuple[np.ndarray, int]:
+    """:func:`score`'s logits and file type in a child process loading ``library`` (None: the wheel's).
+
+    Raises:
+        BackendError: the child failed, or padded where it should not have (the wheel pads; a build that
+            does not lacks the mark, and the comparison would test nothing).
+    """
     from specdec.children import python_command
 
     env = {k: v for k, v in os.environ.items() if k not in (LIB_ENV, BUILD_ENV)}
@@ -197,14 +215,19 @@ def _score_child(model: Path, library: Path | None, out: Path, log) -> np.ndarra
     if library is not None:
         env[LIB_ENV] = str(library)
     _run([*python_command("specdec.backends.ik_build"), "score", str(model), str(out)], log, env=env, timeout=600)
-    return np.load(out)
+    with np.load(out) as saved:
+        if bool(saved["padded"]) != (library is None):
+            raise BackendError(f"{library or 'the wheel'}: one-token calls were "
+                               f"{'padded' if saved['padded'] else 'not padded'} (is the library the patched build?)")
+        return saved["rows"], int(saved["file_type"])
 
 
 def verify(library: Path, models: list[Path], log) -> dict:
     """Compare :func:`score` between the wheel and ``library`` on each model, bitwise.
 
     Returns:
-        ``{"models": {name: {"rows": int, "equal": bool, "max_abs_diff": float}}, "equal": bool}``.
+        ``{"models": {name: {"rows": int, "equal": bool, "max_abs_diff": float, "file_type": int}},
+        "equal": bool}``: the file type is the GGUF's ``general.file_type`` (``15``: Q4_K_M).
 
     Raises:
         BackendError: a child failed (the library does not load, or the build lacks the mark).
@@ -212,11 +235,12 @@ def verify(library: Path, models: list[Path], log) -> dict:
     result, equal = {}, True
     with tempfile.TemporaryDirectory(prefix="specdec-verify-") as tmp:
         for model in models:
-            wheel = _score_child(model, None, Path(tmp) / "wheel.npy", log)
-            built = _score_child(model, library, Path(tmp) / "built.npy", log)
+            wheel, file_type = _score_child(model, None, Path(tmp) / "wheel.npz", log)
+            built, _ = _score_child(model, library, Path(tmp) / "built.npz", log)
             same = wheel.shape == built.shape and wheel.tobytes() == built.tobytes()
             diff = float(np.max(np.abs(wheel - built))) if wheel.shape == built.shape else float("inf")
-            result[model.name] = {"rows": int(wheel.shape[0]), "equal": same, "max_abs_diff": diff}
+            result[model.name] = {"rows": int(wheel.shape[0]), "equal": same, "max_abs_diff": diff,
+                                  "file_type": file_type}
             equal &= same
     return {"models": result, "equal": equal}
 
@@ -242,13 +266,13 @@ def build(models: list[Path], jobs: int = 2, log_path: Path | None = None, say=p
                            "qwen2.5-coder-1.5b-instruct, or --model PATH")
     final = build_dir()
     final.parent.mkdir(parents=True, exist_ok=True)
-    log_path = log_path or final.with_suffix(".log")
+    log_path = log_path or final.with_name(final.name + ".log")
     started = time.monotonic()
     with open(log_path, "w") as log, tempfile.TemporaryDirectory(prefix="specdec-kernels-", dir=final.parent) as tmp:
         work = Path(tmp)
         say(f"downloading and patching ik-llama-cpp-python {IK_VERSION} (log: {log_path})")
         src = fetch_sources(work, log)
-        say(f"compiling with {jobs} jobs (25-50 minutes on 2 cores)")
+        say(f"compiling with {jobs} jobs (6-7 minutes on 2 cores)")
         staged = work / "lib"
         compile_library(src, staged, jobs, log)
         say("verifying against the wheel: " + ", ".join(m.name for m in models))
@@ -267,12 +291,41 @@ def build(models: list[Path], jobs: int = 2, log_path: Path | None = None, say=p
     return final / "libllama.so"
 
 
+def verify_more(models: list[Path], say=print) -> dict:
+    """Verify this CPU's installed build on more models and add them to its record (their file types then go
+    unpadded where equal).
+
+    Returns:
+        :func:`verify`'s verdict.
+
+    Raises:
+        BackendError: no build is installed, or a child failed.
+    """
+    final = build_dir()
+    lib = final / "libllama.so"
+    if not (final / "verified.json").is_file() or not lib.is_file():
+        raise BackendError(f"no build in {final}: specdec kernels --build makes one")
+    with open(final.with_name(final.name + ".log"), "a") as log:
+        verdict = verify(lib, models, log)
+    record = json.loads((final / "verified.json").read_text())
+    record["models"] = {**record.get("models", {}), **verdict["models"]}
+    staged = final / "verified.json.tmp"
+    staged.write_text(json.dumps(record, indent=1))
+    staged.replace(final / "verified.json")
+    for name, v in verdict["models"].items():
+        say(f"{name} (file type {v['file_type']}): " + ("bitwise equal to the wheel, unpadded from now on" if v["equal"]
+                                                         else f"differs from the wheel (max {v['max_abs_diff']:.3g}): stays padded"))
+    return verdict
+
+
 def main(argv: list[str]) -> int:
-    """Child entry: ``score MODEL OUT.npy``."""
+    """Child entry: ``score MODEL OUT.npz``."""
     if len(argv) != 3 or argv[0] != "score":
-        print("usage: python -m specdec.backends.ik_build score MODEL OUT.npy", file=sys.stderr)
+        print("usage: python -m specdec.backends.ik_build score MODEL OUT.npz", file=sys.stderr)
         return 2
-    np.save(argv[2], score(Path(argv[1])))
+    rows, padded, file_type = score(Path(argv[1]))
+    with open(argv[2], "wb") as f:
+        np.savez(f, rows=rows, padded=padded, file_type=-1 if file_type is None else file_type)
     return 0
 
 

@@ -80,7 +80,8 @@ class IkExactBackend(IkLlamaCppBackend):
         n_contexts: The most contexts this backend creates (the first at load, the others on demand).
         pads_one_token: Whether a one-token call is padded to two rows: True with the wheel's library, False
             with a build of exact one-row kernels (:mod:`specdec.backends.ik_build`, ``specdec kernels
-            --build``), which computes one row as it computes many.
+            --build``), which computes one row as it computes many, for a model of a GGUF file type the
+            build was verified on (bitwise against the wheel).
 
     Raises:
         ValueError: when ``n_batch < 3``, or more than :data:`MAX_SEQUENCES` contexts are asked for; and as
@@ -94,8 +95,8 @@ class IkExactBackend(IkLlamaCppBackend):
         if n_batch < MIN_BATCH:
             raise ValueError(f"n_batch must be >= {MIN_BATCH} for batch-invariant scoring, got {n_batch}")
         super().__init__(*args, **kwargs)
-        self.pads_one_token = not getattr(self._lib, "one_row_exact", False)
-        self._min_rows = 2 if self.pads_one_token else 1
+        # unpadded only on a build verified for this kind of GGUF (its quantization types' kernels)
+        self.pads_one_token = self.file_type not in getattr(self._lib, "one_row_file_types", ())
 
     def _open_contexts(self, n_cells: int | None, side_prefill: bool) -> None:
         # Contexts of n_ctx + 1 cells each (+ 1: the padding token of a full sequence), as many as n_cells allows
@@ -230,7 +231,8 @@ class IkExactBackend(IkLlamaCppBackend):
             if padded:  # a padding token after it, removed below; the real row cannot see it
                 toks, poss = toks * 2, [poss[0], poss[0] + 1]
             wanted = max(0, hi - max(lo, first))  # rows of this call whose logits are wanted (its last ones)
-            asked = len(toks) - (max(wanted, self._min_rows) if wanted else 0)  # (two rows when padded)
+            rows = 2 if self.pads_one_token else 1  # logit rows asked for at least (the last layer runs on them)
+            asked = len(toks) - (max(wanted, rows) if wanted else 0)
             # the sequence is id 0 in its context (error messages name that id)
             self._decode(toks, [_ONLY] * len(toks), poss, [False] * asked + [True] * (len(toks) - asked))
             for j in range(wanted):  # the wanted rows are the call's last real ones (batch indices)

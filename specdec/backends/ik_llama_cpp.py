@@ -90,6 +90,7 @@ _DECLARED = {
     "llama_vocab_eos": ([_c.c_void_p], _c.c_int32),
     "llama_vocab_bos": ([_c.c_void_p], _c.c_int32),
     "llama_model_chat_template": ([_c.c_void_p, _c.c_char_p], _c.c_char_p),
+    "llama_model_meta_val_str": ([_c.c_void_p, _c.c_char_p, _c.c_char_p, _c.c_size_t], _c.c_int32),
     "llama_print_system_info": ([], _c.c_char_p),
     # the last argument is llama_state_seq_flags (uint32_t; 0 = the whole state)
     "llama_state_seq_get_size": ([_c.c_void_p, _c.c_int32, _c.c_uint32], _c.c_size_t),
@@ -202,8 +203,12 @@ def load_library() -> SimpleNamespace:
         raise BackendError(f"{raw._name} does not match the struct layout of ik-llama-cpp-python {IK_VERSION} "
                            f"(built from other ik_llama.cpp sources?): {'; '.join(bad)}")
     lib.system_info = (lib.llama_print_system_info() or b"").decode()
-    # a build of specdec's patch (specdec.backends.ik_build) computes one activation row as it computes many
+    # a build of specdec's patch (specdec.backends.ik_build) computes one activation row as it computes many;
+    # the GGUF file types it was verified on (bitwise against the wheel) are recorded beside it
     lib.one_row_exact = hasattr(raw, "specdec_exact_one_row") and raw.specdec_exact_one_row() == 1
+    from specdec.backends.ik_build import verified_file_types
+
+    lib.one_row_file_types = verified_file_types(Path(raw._name)) if lib.one_row_exact else frozenset()
     if os.environ.get("SPECDEC_VERBOSE") != "1":
         lib.llama_log_set(_quiet_log, None)
     lib.llama_backend_init()
@@ -326,6 +331,7 @@ class IkLlamaCppBackend(GGUFBackend):
         self._vocab = lib.llama_model_get_vocab(self._model)
         self._check_training_context(n_ctx)
         self.recurrent = bool(lib.llama_model_is_recurrent(self._model))
+        self.file_type = self._meta_int(b"general.file_type")
 
         self._side_ctx = None
         self._side: int | None = None  # the sequence whose cells are in the side context
@@ -335,6 +341,15 @@ class IkLlamaCppBackend(GGUFBackend):
         self._batch_live = True
         self._init_gguf(lib.llama_vocab_n_tokens(self._vocab),
                         n_threads is None if adaptive_threads is None else adaptive_threads)
+
+    def _meta_int(self, key: bytes) -> int | None:
+        """An integer of the GGUF's metadata (``general.file_type``: llama.cpp's ``llama_ftype``), or None."""
+        buf = ctypes.create_string_buffer(64)
+        n = self._lib.llama_model_meta_val_str(self._model, key, buf, len(buf))
+        try:
+            return int(buf.value) if n > 0 else None
+        except ValueError:
+            return None
 
     def _open_contexts(self, n_cells: int | None, side_prefill: bool) -> None:
         """Create the context(s) the sequences live in (here: one main context, the side one later)."""

@@ -2,7 +2,7 @@
 of the pinned sources, a build is used only once verified, verification is bitwise, and the exact backend pads
 one-token calls exactly when its library lacks the mark.
 
-The build itself (25-50 minutes on 2 cores) is not run here; where this machine has one (`specdec kernels
+The build itself (6-7 minutes on 2 cores) is not run here; where this machine has one (`specdec kernels
 --build` made it), the last test checks it against the wheel on a tiny Q4_K_M model."""
 
 from __future__ import annotations
@@ -107,9 +107,12 @@ def test_verification_is_bitwise(tmp_path, monkeypatch):
     nudged = rows.copy()
     nudged[2, 3] = np.nextafter(nudged[2, 3], np.float32(np.inf))  # one unit in the last place
     for built, equal in [(rows.copy(), True), (nudged, False)]:
-        monkeypatch.setattr(ik_build, "_score_child", lambda model, lib, out, log, b=built: rows if lib is None else b)
+        monkeypatch.setattr(ik_build, "_score_child",
+                            lambda model, lib, out, log, b=built: (rows, 15) if lib is None else (b, 15))
         verdict = ik_build.verify(tmp_path / "libllama.so", [tmp_path / "m.gguf"], None)
-        assert verdict["equal"] is equal and verdict["models"]["m.gguf"]["rows"] == 4
+        record = verdict["models"]["m.gguf"]
+        assert verdict["equal"] is equal and record["equal"] is equal and record["rows"] == 4
+        assert (record["max_abs_diff"] > 0) is not equal and record["file_type"] == 15
 
 
 @pytest.fixture(scope="module")
@@ -132,9 +135,10 @@ def test_one_token_calls_are_padded_exactly_without_the_mark(tiny_q4, monkeypatc
     from specdec.backends.ik_exact import IkExactBackend
     from specdec.backends.ik_llama_cpp import ik_library
 
-    monkeypatch.setattr(ik_library(), "one_row_exact", marked)
+    monkeypatch.setattr(ik_library(), "one_row_file_types", frozenset({15}) if marked else frozenset())
     b = IkExactBackend(tiny_q4, n_ctx=64, n_seq_max=1, n_threads=1)
     try:
+        assert b.file_type == 15  # Q4_K_M
         assert b.pads_one_token is not marked
         calls = []
         real = b._decode
@@ -149,10 +153,26 @@ def test_one_token_calls_are_padded_exactly_without_the_mark(tiny_q4, monkeypatc
         b.close()
 
 
+def test_only_verified_file_types_go_unpadded(tiny_q4, tiny_target_path, monkeypatch, tmp_path):
+    from specdec.backends.ik_exact import IkExactBackend
+    from specdec.backends.ik_llama_cpp import ik_library
+
+    (tmp_path / "verified.json").write_text(json.dumps({"models": {
+        "a.gguf": {"equal": True, "file_type": 15}, "b.gguf": {"equal": False, "file_type": 7}}}))
+    assert ik_build.verified_file_types(tmp_path / "libllama.so") == {15}
+    assert ik_build.verified_file_types(tmp_path / "elsewhere" / "libllama.so") == frozenset()
+    monkeypatch.setattr(ik_library(), "one_row_file_types", frozenset({15}))
+    b = IkExactBackend(tiny_target_path, n_ctx=64, n_seq_max=1, n_threads=1)  # float32 weights: file type 0
+    try:
+        assert b.file_type == 0 and b.pads_one_token
+    finally:
+        b.close()
+
+
 def test_a_build_on_this_machine_equals_the_wheel(tiny_q4):
     lib = ik_build.cached_library()
     if lib is None:
-        pytest.skip("no verified build here (specdec kernels --build makes one: 25-50 minutes on 2 cores)")
+        pytest.skip("no verified build here (specdec kernels --build makes one: 6-7 minutes on 2 cores)")
     with open(tiny_q4.with_suffix(".log"), "w") as log:
         verdict = ik_build.verify(lib, [tiny_q4], log)
     assert verdict["equal"], verdict
