@@ -18,7 +18,7 @@ def add_parser(sub) -> None:
                    help="verify the installed build on --model (other GGUF file types) and record the result")
     k.add_argument("--model", action="append", default=None, metavar="NAME_OR_PATH",
                    help="GGUF model(s) to verify on (default: the default target model, downloaded if missing)")
-    k.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="parallel compile jobs")
+    k.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: the CPU count)")
     k.set_defaults(run=run)
 
 
@@ -33,10 +33,11 @@ def run(args: argparse.Namespace) -> int:
         verdict = ik_build.verify_more(resolve_models(args.model or [DEFAULT_TARGET]))
         return 0 if verdict["equal"] else 1
     if args.build:
-        if args.jobs < 1:
-            raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+        jobs = args.jobs if args.jobs is not None else os.cpu_count() or 2
+        if jobs < 1:
+            raise ValueError(f"--jobs must be >= 1, got {jobs}")
         models = resolve_models(args.model or [DEFAULT_TARGET])
-        ik_build.build(models, jobs=args.jobs)
+        ik_build.build(models, jobs=jobs)
         return 0
     s = ik_build.status()
     print(f"folder: {s['folder']}")
