@@ -244,9 +244,12 @@ def stream(
     num_speculative_tokens: int | None = None,
     chat: bool = True,
     n_ctx: int = 4096,
+    prediction: str | Sequence[int] | None = None,
     **sampling,
 ) -> Iterator[StreamChunk]:
-    """Stream a generation; ``sampling`` are :class:`~specdec.types.SamplingParams` fields.
+    """Stream a generation; ``sampling`` are :class:`~specdec.types.SamplingParams` fields. ``prediction``:
+    the likely output (OpenAI's Predicted Outputs), text or token ids, a free source of drafts for ``auto``
+    (:attr:`~specdec.params.SpecConfig.prediction`); the output is the same with or without it.
 
     Yields:
         :class:`~specdec.engine.StreamChunk` with text deltas; the last carries the result and stats.
@@ -261,7 +264,11 @@ def stream(
         raise ValueError(f"unknown sampling parameter {unknown[0]!r}; SamplingParams has "
                          f"{', '.join(f.name for f in dataclasses.fields(SamplingParams))}")
     params = SamplingParams(**sampling)
+    if prediction is not None and not isinstance(prediction, str):
+        spec = dataclasses.replace(spec, prediction=prediction)  # checked before any model is loaded
     engine = _cached_engine(*model_names(target, draft, spec.method), n_ctx)  # no draft model for ngram/none
+    if isinstance(prediction, str):
+        spec = dataclasses.replace(spec, prediction=engine.tokenize(prediction))
     return engine.stream(prompt, params, spec, chat=chat)
 
 

@@ -12,6 +12,7 @@ about models or arrays.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import hashlib
 import numbers
 import operator
@@ -273,9 +274,14 @@ class SpecConfig:
             unseeded ones. Steps with several candidates use ``gumbel`` or ``multi``
             (:func:`specdec.verify.multi_candidate_verifier`). Greedy requests
             (:attr:`SamplingParams.greedy`) are always verified by argmax.
+        prediction: Token ids the client predicts the output to be (OpenAI's Predicted Outputs): ``auto``
+            drafts from them as one more free source, aligned from the first output token and re-aligned
+            after an insertion or deletion (:mod:`specdec.proposers.prediction`); other methods ignore them.
+            Verification is unchanged, so the output is too: a prediction changes speed, never text.
 
     Raises:
-        ValueError: On an unknown method or verifier, or an out-of-range number.
+        ValueError: On an unknown method or verifier, an out-of-range number, or a prediction that is not a
+            sequence of token ids (non-negative integers).
     """
 
     method: str = "auto"
@@ -288,8 +294,10 @@ class SpecConfig:
     suffix_min_prob: float = 0.1
     suffix_alternatives: int = 0
     cascade: bool = False
+    prediction: tuple[int, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "prediction", _token_ids("prediction", self.prediction))
         if not isinstance(self.cascade, bool):
             raise ValueError(f"cascade must be true or false, got {self.cascade!r}")
         methods = method_names()
@@ -322,6 +330,30 @@ class SpecConfig:
     def k(self) -> int:
         """Draft tokens per step (the cap for adaptive methods); 0 when speculation is off."""
         return 0 if self.method == PLAIN_METHOD else self.num_speculative_tokens
+
+
+def _token_ids(name: str, value) -> tuple[int, ...]:
+    """``value`` as a tuple of token ids. Raises ValueError naming ``name`` unless it is a sequence of
+    non-negative integers (not text, not booleans)."""
+    bad = ValueError(f"{name} must be a sequence of token ids (integers >= 0)")
+    if isinstance(value, (str, bytes)):
+        raise bad
+    try:
+        items = list(value)
+    except TypeError:
+        raise bad from None
+    ids = []
+    for t in items:
+        if isinstance(t, bool):
+            raise bad
+        try:
+            t = operator.index(t)
+        except TypeError:
+            raise bad from None
+        if t < 0:
+            raise bad
+        ids.append(t)
+    return tuple(ids)
 
 
 def method_names() -> tuple[str, ...]:

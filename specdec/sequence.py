@@ -24,6 +24,7 @@ import numpy as np
 from specdec.backends.cache import SequenceCache
 from specdec.params import SamplingParams
 from specdec.proposers.base import EMPTY_PROPOSAL, Outcome, Proposal, Proposer
+from specdec.proposers.prediction import KIND as PREDICTION
 from specdec.sampling import SamplingState, make_rng
 from specdec.stats import GenerationStats
 from specdec.types import ALONE, Load, ModelInfo, TokenKind, TokenSource
@@ -287,8 +288,8 @@ class SequenceState:
         if (cost := plan.proposal.draft_cost) is not None:
             self.stats.record_drafter(cost.drafter, len(drafts), result.num_accepted, cost.seconds,
                                       cost.calls or cost.evals)
-        elif kind == "forced":  # the grammar's own drafts: no model ran for them
-            self.stats.record_drafter("forced", len(drafts), result.num_accepted, 0.0, 0)
+        elif kind in ("forced", PREDICTION):  # the grammar's own drafts, the client's prediction: no model ran
+            self.stats.record_drafter(kind, len(drafts), result.num_accepted, 0.0, 0)
         self._recent_committed += RECENT_WEIGHT * (kept - self._recent_committed)
         if self.noise is not None:
             self.noise.forget_before(self.n_generated)

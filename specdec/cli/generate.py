@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import dataclasses
 import sys
+from pathlib import Path
 
 from specdec.cli.options import (
     add_model_args, add_sampling_args, add_spec_args, check_model_args, load_engine_from_args, read_prompt, sampling_params_from_args,
@@ -22,6 +24,9 @@ def add_parser(sub) -> None:
     g.add_argument("prompt", nargs="?", help="the prompt; '-' reads stdin")
     g.add_argument("--file", help="read the prompt from a file")
     g.add_argument("--raw", action="store_true", help="plain completion: do not apply the chat template")
+    g.add_argument("--prediction", metavar="FILE",
+                   help="the likely output (OpenAI's Predicted Outputs: the file being edited, a previous answer), "
+                        "a free source of drafts for auto; the output is the same with or without it")
     add_model_args(g)
     add_spec_args(g)
     add_sampling_args(g)
@@ -75,6 +80,22 @@ def print_accepted(engine, res: GenerationResult) -> None:
     Console(highlight=False, soft_wrap=True).print(out)
 
 
+def read_prediction(path: str | None) -> str | None:
+    """The text of ``--prediction FILE`` (UTF-8), or None.
+
+    Raises:
+        ValueError: the file cannot be read or is not UTF-8 text.
+    """
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"--prediction: no such file: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--prediction: cannot read {path} as UTF-8 text ({type(e).__name__})") from None
+
+
 def run(args: argparse.Namespace) -> int:
     """``specdec generate``: one prompt, text on stdout, stats on stderr."""
     spec = spec_from_args(args)
@@ -86,12 +107,15 @@ def run(args: argparse.Namespace) -> int:
     if not prompt.strip():
         raise ValueError("the prompt is empty")
     params = sampling_params_from_args(args)
+    predicted = read_prediction(args.prediction)
     # one request at a time: one sequence, and one per alternative candidate of a token tree where it costs
     # nothing (a larger unified cache slows every llama.cpp step by ~3%)
     from specdec.api import one_request_layout
 
     n_seq_max, cells = one_request_layout(spec, args.backend, args.n_ctx, args.numerics)
     engine = load_engine_from_args(args, spec, n_seq_max=n_seq_max, kv_cells=cells)
+    if predicted is not None:
+        spec = dataclasses.replace(spec, prediction=engine.tokenize(predicted))
     chat = not args.raw
     label = f"speculative decoding: {spec.method}, k={spec.k}" if spec.k else "plain decoding"
     if args.stream:

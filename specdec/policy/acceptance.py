@@ -14,10 +14,11 @@ import numpy as np
 TRACKED_POSITIONS = 65
 """Most draft positions the acceptance statistics track, plus one (``MAX_SPECULATIVE_TOKENS`` = 64)."""
 
-ACCEPT_PRIOR = {"draft": 0.7, "ngram1": 0.25, "ngram2": 0.4, "ngram3": 0.55}
+ACCEPT_PRIOR = {"draft": 0.7, "ngram1": 0.25, "ngram2": 0.4, "ngram3": 0.55, "prediction": 0.7}
 """Prior acceptance rate per kind of proposal before any is measured; ``ngramN`` = an N-token suffix
-match (longer matches are likelier to continue). Unlisted n-gram orders use 0.65; every drafter's kind
-(``draft:<name>``) starts from ``draft``'s."""
+match (longer matches are likelier to continue); ``prediction``: the client's predicted output (an edit keeps
+most of a file). Unlisted n-gram orders use 0.65; every drafter's kind (``draft:<name>``) starts from
+``draft``'s."""
 
 
 REQUEST_STRENGTH = 1.0

@@ -31,6 +31,7 @@ from specdec.policy.sources import Sources
 from specdec.policy.tree import grow_tree
 from specdec.proposers.base import EMPTY_PROPOSAL, Draws, Proposal, ProposerContext
 from specdec.proposers.draft_model import DraftModelProposer
+from specdec.proposers.prediction import KIND as PREDICTION
 from specdec.proposers.suffix import SuffixProposer
 from specdec.verify.base import Draft
 
@@ -72,14 +73,17 @@ class AutoProposer(Sources):
         padded_steps: The target pads a one-token step to two rows (exact numerics): a step priced plain
             carries the best free guess in that row instead (:meth:`free_guess`), one more token when it is
             accepted, at no cost.
+        prediction: The client's predicted output (token ids), a free source of kind ``prediction``
+            priced like the others (:mod:`specdec.proposers.prediction`); empty: none.
     """
 
     def __init__(self, draft: DraftModelProposer | None = None, ngram_max: int = 3, ngram_min: int = 1,
                  cost_model: CostModel | None = None, suffix: SuffixProposer | None = None,
                  drafts: dict[str, DraftModelProposer] | None = None, tree: int = 0, free_sequences=lambda: 0,
-                 padded_steps: bool = False):
+                 padded_steps: bool = False, prediction: Sequence[int] = ()):
         super().__init__(cost_model, adaptive=True, ngram_max=ngram_max, ngram_min=ngram_min, suffix=suffix,
-                         drafts=drafts, draft=draft)
+                         drafts=drafts, draft=draft, prediction=prediction)
+        self._predicted: list[int] = []  # this step's continuation in the prediction ([]: none)
         self.probe = ProbeSchedule()
         self.tree = tree
         self.padded_steps = padded_steps
@@ -97,12 +101,15 @@ class AutoProposer(Sources):
         if k <= 0:
             return EMPTY_PROPOSAL
         match, order, catchup = self.lookup(context, k)
+        self._predicted = self.prediction.lookup(context, k) if self.prediction is not None else []
         suffix = self.suffix.propose(context, k, params, draws) if self.suffix is not None else EMPTY_PROPOSAL
         choice = self.choose(match, order, k, catchup, params.greedy, suffix, load)
         self.log_choice(choice, order, catchup, params.greedy, load, suffix)
         expected = self._expected(choice, order, suffix)
         if choice.source == "ngram":
             return Proposal(tokens=match[: choice.k], kind=f"ngram{order}", expected=expected)
+        if choice.source == PREDICTION:
+            return Proposal(tokens=self._predicted[: choice.k], kind=PREDICTION, expected=expected)
         if choice.source == "suffix":
             return dataclasses.replace(suffix, tokens=suffix.tokens[: choice.k],
                                        confidence=suffix.confidence[: choice.k],
@@ -120,10 +127,12 @@ class AutoProposer(Sources):
         return self.free_guess(match, order, suffix)
 
     def free_guess(self, match: list[int], order: int, suffix: Proposal) -> Proposal:
-        """A plain step's padding row put to work: one draft from what costs nothing to propose (the n-gram
-        continuation, else suffix decoding's first token), or none. Where the target pads a one-token call
+        """A plain step's padding row put to work: one draft from what costs nothing to propose (the
+        prediction's next token, else the n-gram continuation, else suffix decoding's first token), or none. Where the target pads a one-token call
         to two rows anyway, a one-token draft makes the step no dearer and commits two tokens when accepted;
         verification is unchanged, so the output is too (lossless as any draft)."""
+        if self._predicted:
+            return Proposal(tokens=self._predicted[:1], kind=PREDICTION)
         if match:
             return Proposal(tokens=match[:1], kind=f"ngram{order}")
         if suffix.tokens:
@@ -163,7 +172,8 @@ class AutoProposer(Sources):
         if self._out_of_reach(est, suffix, greedy, plain, load):
             # no option can beat a plain step: price them only when a probe wants the best of them (a probe is
             # counted only when there is an option, as below)
-            drafters = None if match or suffix.tokens else self._drafters(catchup, k, greedy, plain, load)
+            drafters = (None if match or suffix.tokens or self._predicted
+                        else self._drafters(catchup, k, greedy, plain, load))
             if drafters == [] or not self.probe.should_probe(share):
                 return plain
             drafters = self._drafters(catchup, k, greedy, plain, load) if drafters is None else drafters
@@ -184,6 +194,8 @@ class AutoProposer(Sources):
         est = {}
         if match:
             est["ngram"] = self.estimates.accept("ngram", order, len(match), load)
+        if self._predicted:
+            est[PREDICTION] = self.estimates.accept(PREDICTION, 0, len(self._predicted), load)
         if suffix.tokens:
             est["suffix"] = self.estimates.suffix_accept(suffix, load)
         for kind in self.drafts:
@@ -206,7 +218,7 @@ class AutoProposer(Sources):
         ``drafters``, each with its best k for its estimates ``est``; None when none has anything to offer."""
         cm = self.cost
         priced = [(source, cm.best_k(est[source], lambda j: 0.0, greedy, load=load))
-                  for source in ("ngram", "suffix") if source in est]
+                  for source in ("ngram", PREDICTION, "suffix") if source in est]
         for kind in drafters:  # each drafter is an option of its own, timed and scored on its own
             priced.append((kind, cm.best_k(est[kind], self._draft_cost(kind, catchup, greedy), greedy, load=load)))
         options = [dataclasses.replace(c, source=source) for source, c in priced if c is not None]
@@ -241,7 +253,7 @@ class AutoProposer(Sources):
             x = len(accept) if x is None else x
             return (accept[0] if p is None else p) <= thresholds[min(x, len(thresholds)) - 1]
 
-        if "ngram" in est and not beyond(est["ngram"]):
+        if any(source in est and not beyond(est[source]) for source in ("ngram", PREDICTION)):
             return False
         if "suffix" in est:
             accept = est["suffix"]
@@ -283,6 +295,8 @@ class AutoProposer(Sources):
         budget = plain.seconds + (PROBE_COST - 1) / plain.rate
         if best.source == "ngram":
             c = cm.best_k(est.accept("ngram", order, len(match), load), lambda j: 0.0, greedy, budget, load)
+        elif best.source == PREDICTION:
+            c = cm.best_k(est.accept(PREDICTION, 0, len(self._predicted), load), lambda j: 0.0, greedy, budget, load)
         elif best.source == "suffix":
             c = cm.best_k(est.suffix_accept(suffix, load), lambda j: 0.0, greedy, budget, load)
         else:  # a drafter
@@ -301,4 +315,5 @@ def auto_factory(ctx: ProposerContext, spec: SpecConfig) -> AutoProposer:
     suffix = SuffixProposer(spec.suffix_depth, spec.suffix_min_prob, 0, ctx.suffix_cache)
     return AutoProposer(ngram_max=spec.ngram_max, ngram_min=spec.ngram_min, cost_model=ctx.cost, suffix=suffix,
                         drafts=drafts, tree=max(TREE_ALTERNATIVES, spec.suffix_alternatives),
-                        free_sequences=ctx.free_sequences, padded_steps=ctx.padded_steps)
+                        free_sequences=ctx.free_sequences, padded_steps=ctx.padded_steps,
+                        prediction=spec.prediction)

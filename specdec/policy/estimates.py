@@ -13,6 +13,7 @@ from specdec.policy.acceptance import AcceptanceStats
 from specdec.policy.cost import CostModel
 from specdec.types import ALONE, Load
 from specdec.proposers.base import Outcome, Proposal, is_draft_kind
+from specdec.proposers.prediction import KIND as PREDICTION
 
 START_K = 2
 """``auto``'s first cap on drafts per step for each kind of proposal in a request (see
@@ -20,7 +21,8 @@ START_K = 2
 
 
 def kind_of(source: str, order: int) -> str:
-    """The kind of proposal whose acceptance is pooled: ``ngram{order}``, ``suffix`` or a drafter's kind."""
+    """The kind of proposal whose acceptance is pooled: ``ngram{order}``, ``suffix``, ``prediction`` or a
+    drafter's kind."""
     return f"ngram{order}" if source == "ngram" else source
 
 
@@ -83,6 +85,6 @@ class RequestEstimates:
             return
         proposed, accepted = outcome.main  # a tree's branches are priced from the main path's estimates
         self.stats(kind).observe(proposed, accepted)
-        source = kind if kind == "suffix" or is_draft_kind(kind) else "ngram"
+        source = kind if kind in ("suffix", PREDICTION) or is_draft_kind(kind) else "ngram"
         if self.adaptive and accepted == proposed:
             self._cap[source] = 2 * self.slow_start_cap(source)

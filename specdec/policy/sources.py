@@ -24,6 +24,7 @@ from specdec.policy.schedule import PredictionLog
 from specdec.proposers.base import EMPTY_PROPOSAL, Outcome, Proposal
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.ngram import NgramIndex
+from specdec.proposers.prediction import PredictionIndex
 from specdec.proposers.suffix import SuffixProposer
 
 
@@ -39,13 +40,16 @@ class Sources:
         suffix: A suffix-decoding proposer as one more source, or None.
         drafts: Drafter kind -> draft-model proposer (prefilled lazily), in the engine's order.
         draft: Shorthand for ``drafts={"draft": draft}``.
+        prediction: The client's predicted output (token ids; OpenAI's Predicted Outputs): one more free
+            source (:mod:`specdec.proposers.prediction`); empty: none.
     """
 
     def __init__(self, cost_model: CostModel | None, adaptive: bool, ngram_max: int = 3, ngram_min: int = 1,
                  suffix: SuffixProposer | None = None, drafts: dict[str, DraftModelProposer] | None = None,
-                 draft: DraftModelProposer | None = None):
+                 draft: DraftModelProposer | None = None, prediction: Sequence[int] = ()):
         assert draft is None or drafts is None, "pass draft or drafts"
         self.index = NgramIndex(ngram_min, ngram_max)
+        self.prediction = PredictionIndex(prediction, ngram_min, ngram_max) if prediction else None
         self.suffix = suffix
         self.drafts = dict(drafts) if drafts is not None else ({} if draft is None else {"draft": draft})
         self.cost = cost_model if cost_model is not None else CostModel()
@@ -68,6 +72,8 @@ class Sources:
     def prepare(self, context: Sequence[int]) -> None:
         """Index the prompt (or its next chunk); each draft model is prefilled lazily when it first drafts."""
         self.index.sync(context)
+        if self.prediction is not None:
+            self.prediction.prepare(len(context))
         if self.suffix is not None:
             self.suffix.prepare(context)
         for d in self.drafts.values():

@@ -192,8 +192,9 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         serving.refuse_unsupported(req)
         # a grammar's bounds are linear in its text, but its text may be a megabyte: off the event loop
         grammar_field, grammar = await asyncio.to_thread(serving.grammar_of, req, tools) or (None, None)
+        spec = await asyncio.to_thread(serving.spec_for, engine, req)  # (a prediction is tokenized)
         return ({**serving.sampling_kwargs(req), **serving.logprob_kwargs(req), "grammar": grammar},
-                serving.spec_for(engine, req), grammar_field)
+                spec, grammar_field)
 
     async def start(req, raw: Request, prompts: list[list[int]], kwargs: dict, spec, default_max: int | None,
                     grammar_field: str | None = None):

@@ -66,6 +66,10 @@ class _GenerationRequest(_Lenient):
         "salt and API key, so that clients who do not share a salt cannot learn each other's prompts from "
         "cached_tokens or timing."))
     speculative: SpeculativeOptions | None = None
+    prediction: "Prediction | None" = Field(None, description=(
+        "OpenAI's Predicted Outputs: {\"type\": \"content\", \"content\": text or text parts}, the likely "
+        "output (the file being edited, a previous answer). Drafted from by `auto` as one more free source; "
+        "the output is the same with or without it, only faster when it is right."))
     response_format: dict[str, Any] | None = Field(None, description=(
         "OpenAI's: {\"type\": \"text\"}, {\"type\": \"json_object\"} or {\"type\": \"json_schema\", "
         "\"json_schema\": {\"name\": ..., \"schema\": {...}, \"strict\": true}}: the output is constrained to it "
@@ -81,6 +85,14 @@ class TextPart(_Lenient):
 
     type: str
     text: str | None = None
+
+
+class Prediction(BaseModel):
+    """``prediction`` (OpenAI's Predicted Outputs): the predicted output as text, or as text parts."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["content"]
+    content: str | list[TextPart]
 
 
 class FunctionCallIn(_Lenient):
@@ -166,6 +178,14 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = Field(0, description="Prompt tokens served from the prefix cache (not evaluated).")
 
 
+class CompletionTokensDetails(BaseModel):
+    accepted_prediction_tokens: int = Field(0, description=(
+        "Tokens of the request's prediction accepted into the answer (drafted from it and verified)."))
+    rejected_prediction_tokens: int = Field(0, description=(
+        "Tokens of the request's prediction drafted and rejected by verification (they cost target rows, "
+        "never text)."))
+
+
 class Usage(BaseModel):
     """Token counts: prompt tokens once per prompt, completion tokens summed over choices."""
 
@@ -173,6 +193,7 @@ class Usage(BaseModel):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
+    completion_tokens_details: CompletionTokensDetails = Field(default_factory=CompletionTokensDetails)
 
 
 class SpeculativeStats(BaseModel):
@@ -366,3 +387,7 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+for _model in (CompletionRequest, ChatCompletionRequest):  # ``prediction`` names a class defined after theirs
+    _model.model_rebuild()

@@ -27,9 +27,10 @@ from specdec.grammar import GrammarError
 from specdec.scheduler import QueueFullError, RequestError, SchedulerClosedError, SchedulerDiedError
 from specdec.server.errors import APIError
 from specdec.server.protocol import (
-    ChatCompletionRequest, CompletionRequest, PromptTokensDetails, SpeculativeStats, Usage,
+    ChatCompletionRequest, CompletionRequest, CompletionTokensDetails, PromptTokensDetails, SpeculativeStats, Usage,
 )
 from specdec.params import SamplingParams, SpecConfig
+from specdec.proposers.prediction import KIND as PREDICTION
 from specdec.stats import acceptance_rate, mean_accepted_length
 from specdec.backends.chat_template import unshown
 from specdec.tools import EMPTY_PARAMETERS, Function, HermesFormat, template_arguments
@@ -42,7 +43,7 @@ SERVER_FIELDS = frozenset({
     "best_of", "logprobs", "top_logprobs", "tools", "tool_choice", "response_format", "max_tokens",
     "max_completion_tokens", "stop", "seed", "parallel_tool_calls", "metadata", "store", "service_tier", "cache_salt",
     "guided_json", "guided_regex", "guided_grammar", "guided_choice", "guided_decoding_backend", "guided_whitespace_pattern",
-    "structural_tag",
+    "structural_tag", "prediction",
 })
 """Request fields the server handles itself (or refuses) instead of passing them to SamplingParams."""
 
@@ -443,6 +444,9 @@ def spec_for(engine, req) -> SpecConfig:
         APIError: 400 for an unknown method, or the draft method when no draft model is loaded.
     """
     base, opt = engine.spec, req.speculative
+    predicted = prediction_ids(engine, req.prediction)
+    if predicted:
+        base = dataclasses.replace(base, prediction=predicted)
     if opt is None:
         return base
     method = opt.method or base.method
@@ -460,6 +464,32 @@ def spec_for(engine, req) -> SpecConfig:
         raise APIError(400, f"speculative.method: {e} (start the server with a draft model)",
                        param="speculative.method") from None
     return spec
+
+
+def prediction_ids(engine, prediction) -> tuple[int, ...]:
+    """The token ids of a request's ``prediction`` (its text, or its text parts joined), tokenized as output
+    text (control tokens' names stay text); ``()`` for none or an empty one.
+
+    Raises:
+        APIError: 400 naming ``prediction`` for a part that is not text, invalid Unicode, or a prediction
+            longer than the context.
+    """
+    if prediction is None:
+        return ()
+    if isinstance(prediction.content, str):
+        text = prediction.content
+    else:
+        for i, part in enumerate(prediction.content):
+            if part.type != "text" or not isinstance(part.text, str):
+                raise APIError(400, f"prediction.content[{i}]: only text parts are supported (type 'text' with "
+                               "'text')", param="prediction")
+        text = "".join(part.text for part in prediction.content)
+    _check_unicode(text, "prediction")
+    ids = engine.tokenize(text, special=False)
+    if len(ids) > engine.n_ctx:
+        raise APIError(400, f"prediction is {len(ids)} tokens, longer than the context ({engine.n_ctx})",
+                       param="prediction")
+    return tuple(ids)
 
 
 def speculative_stats(spec: SpecConfig, results: list[GenerationResult]) -> SpeculativeStats:
@@ -483,8 +513,13 @@ def usage(prompts: list[list[int]], results: list[GenerationResult]) -> Usage:
     c = sum(len(r.token_ids) for r in results)
     per_prompt = len(results) // max(1, len(prompts))
     cached = sum(r.stats.cached_prompt_tokens for r in results[::per_prompt]) if per_prompt else 0
+    predicted = [r.stats.by_drafter.get(PREDICTION, {"proposed": 0, "accepted": 0}) for r in results]
+    accepted = sum(d["accepted"] for d in predicted)
     return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c,
-                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+                 completion_tokens_details=CompletionTokensDetails(
+                     accepted_prediction_tokens=accepted,
+                     rejected_prediction_tokens=sum(d["proposed"] for d in predicted) - accepted))
 
 
 class StreamOverflowError(RuntimeError):
