@@ -48,3 +48,16 @@ def test_other_methods_ignore_it_and_bad_ids_are_refused(engine):
     for bad in ("some text", [1, -2], [1.5], [True], 3):
         with pytest.raises(ValueError, match="prediction must be a sequence of token ids"):
             SpecConfig(prediction=bad)
+
+
+def test_cli_refuses_an_unreadable_prediction_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xff\xfe not utf-8")
+    for path, message in [(tmp_path / "missing.txt", "no such file"), (bad, "as UTF-8 text")]:
+        p = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "hi", "--prediction", str(path)],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1
