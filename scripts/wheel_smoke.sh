@@ -27,5 +27,7 @@ assert specdec.__file__.startswith(venv), f"imported {specdec.__file__}, not the
 assert metadata.version("specdec-engine") == specdec.__version__
 for name in ("index.html", *FILES):
     assert static_text(name), name
+from specdec.backends import ik_build  # `specdec kernels --build` applies this patch: it must ship in the wheel
+assert ik_build.PATCH.is_file() and "IQK_EXACT_ONE_ROW" in ik_build.PATCH.read_text(), ik_build.PATCH
 print(f"wheel smoke test: specdec-engine {specdec.__version__} imported from {specdec.__file__}: ok")
 PY
