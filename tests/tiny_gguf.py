@@ -191,3 +191,19 @@ def write_tiny_qwen2_gguf(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def write_tiny_q4_k_m(folder: Path) -> dict[str, Path]:
+    """A tiny qwen2 with the real target's head size (128) in ``folder``, and its Q4_K_M quantization
+    (llama.cpp's quantizer): ``{"f32": path, "q4_k_m": path}``. ik_llama.cpp repacks the quantized one to
+    ``Q4_K_R4``/``Q6_K_R4``, the kernels whose one-row shortcuts change a lone row's arithmetic."""
+    import ctypes
+
+    import llama_cpp
+
+    f32 = write_tiny_qwen2_gguf(folder / "f32.gguf", n_embd=512, n_ff=1024, n_head=4, n_head_kv=2, n_layer=2)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    q4 = folder / "q4_k_m.gguf"
+    assert llama_cpp.llama_model_quantize(str(f32).encode(), str(q4).encode(), ctypes.byref(params)) == 0
+    return {"f32": f32, "q4_k_m": q4}

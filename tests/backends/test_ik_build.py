@@ -7,7 +7,6 @@ The build itself (6-7 minutes on 2 cores) is not run here; where this machine ha
 
 from __future__ import annotations
 
-import ctypes
 import json
 import re
 import subprocess
@@ -17,7 +16,7 @@ import tarfile
 import numpy as np
 import pytest
 from conftest import IK
-from tiny_gguf import write_tiny_qwen2_gguf
+from tiny_gguf import write_tiny_q4_k_m
 
 from specdec.backends import ik_build
 from specdec.backends.base import BackendError
@@ -119,15 +118,7 @@ def test_verification_is_bitwise(tmp_path, monkeypatch):
 def tiny_q4(tmp_path_factory):
     """A tiny qwen2 (head size 128) quantized to Q4_K_M: ik repacks it to Q4_K_R4 / Q6_K_R4, whose one-row
     shortcuts the patch removes."""
-    import llama_cpp
-
-    folder = tmp_path_factory.mktemp("q4")
-    f32 = write_tiny_qwen2_gguf(folder / "f32.gguf", n_embd=512, n_ff=1024, n_head=4, n_head_kv=2, n_layer=2)
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
-    q4 = folder / "q4_k_m.gguf"
-    assert llama_cpp.llama_model_quantize(str(f32).encode(), str(q4).encode(), ctypes.byref(params)) == 0
-    return q4
+    return write_tiny_q4_k_m(tmp_path_factory.mktemp("q4"))["q4_k_m"]
 
 
 @pytest.mark.parametrize("marked", [False, True], ids=["wheel", "marked"])

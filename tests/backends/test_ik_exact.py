@@ -9,13 +9,12 @@ order). The real pair's rows are checked in tests/test_same_output.py."""
 
 from __future__ import annotations
 
-import ctypes
 import gc
 
 import numpy as np
 import pytest
 from conftest import IK
-from tiny_gguf import write_tiny_qwen2_gguf
+from tiny_gguf import write_tiny_q4_k_m
 
 from specdec.backends.base import CacheFullError
 
@@ -29,15 +28,7 @@ CONT = [int(t) for t in np.random.default_rng(1).integers(0, 250, 40)]
 @pytest.fixture(scope="module")
 def model_paths(tmp_path_factory):
     """``{"f32": path, "q4_k_m": path}``: a tiny model with head size 128, and its Q4_K_M quantization."""
-    import llama_cpp
-
-    folder = tmp_path_factory.mktemp("exact")
-    f32 = write_tiny_qwen2_gguf(folder / "f32.gguf", n_embd=512, n_ff=1024, n_head=4, n_head_kv=2, n_layer=2)
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
-    q4 = folder / "q4_k_m.gguf"
-    assert llama_cpp.llama_model_quantize(str(f32).encode(), str(q4).encode(), ctypes.byref(params)) == 0
-    return {"f32": f32, "q4_k_m": q4}
+    return write_tiny_q4_k_m(tmp_path_factory.mktemp("exact"))
 
 
 def exact(path, **kw):
