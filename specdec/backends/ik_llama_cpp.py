@@ -164,7 +164,7 @@ def load_library() -> SimpleNamespace:
     if wanted and not Path(wanted).is_file():
         raise BackendError(f"{LIB_ENV}={wanted} is not a file: point it at an ik_llama.cpp libllama.so")
     if not wanted:  # this CPU's verified build of exact one-row kernels, when `specdec kernels --build` made one
-        from specdec.backends.ik_build import cached_library
+        from specdec.backends.ik_build import BUILD_ENV, cached_library
 
         built = cached_library()
         wanted = str(built) if built else None
@@ -177,7 +177,9 @@ def load_library() -> SimpleNamespace:
     try:
         from ik_llama_cpp import _ctypes_api as C
     except (OSError, AttributeError) as e:  # AttributeError: the package binds a function the library lacks
-        where = f"{LIB_ENV}={wanted}" if wanted else f"ik-llama-cpp-python {IK_VERSION}"
+        where = (f"{LIB_ENV}={wanted}" if explicit else
+                 f"the kernels built by `specdec kernels --build`, {wanted} ({BUILD_ENV}=0 ignores them)" if wanted
+                 else f"ik-llama-cpp-python {IK_VERSION}")
         raise BackendError(f"{where}: not a usable ik_llama.cpp library ({e})") from None
     finally:
         if saved is None:
