@@ -20,7 +20,7 @@ into ``cache_dir()/kernels/ik-<version>-<cpu>/`` (the CPU: a hash of its model n
 into place only once verified. ``SPECDEC_IK_LIB`` (another library) takes precedence; ``SPECDEC_IK_BUILD=0``
 ignores the cached build.
 
-Knows how to build, verify and find the library; nothing about sampling or speculation.
+Knows how to build and verify the library (where it lives and whether it is used: :mod:`specdec.backends.ik_kernels`); nothing about sampling or speculation.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -39,11 +38,10 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec.backends import ik_kernels
 from specdec.backends.base import BackendError
+from specdec.backends.ik_kernels import BUILD_ENV, cpu_key, verified_file_types  # noqa: F401 (verified_file_types: re-exported)
 from specdec.backends.ik_llama_cpp import IK_VERSION, LIB_ENV
-
-BUILD_ENV = "SPECDEC_IK_BUILD"
-"""``0`` ignores the cached build (the wheel's library, padded one-token calls)."""
 
 MARKER = "specdec_exact_one_row"
 """The function the patch exports: present and returning 1 in a library whose one-row calls are exact."""
@@ -71,45 +69,14 @@ VERIFY_TEXT = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return f
 """The token sequence :func:`verify` scores (code and prose)."""
 
 
-def cpu_key() -> str:
-    """A short hash of this CPU's model name and feature flags (``/proc/cpuinfo``) and the machine type."""
-    name, flags = "", ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and not name:
-                name = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = " ".join(sorted(value.split()))
-    except OSError:
-        pass
-    return hashlib.sha256(f"{platform.machine()}|{name}|{flags}".encode()).hexdigest()[:12]
-
-
 def build_dir() -> Path:
-    """Where this CPU's build of the pinned version lives (see the module docstring); not created here."""
-    from specdec.models import cache_dir
-
-    return cache_dir() / "kernels" / f"ik-{IK_VERSION}-{cpu_key()}"
-
-
-def verified_file_types(library: Path) -> frozenset[int]:
-    """The GGUF file types (``general.file_type``) the build holding ``library`` was verified on, from its
-    ``verified.json``; empty when there is none (a build not made by :func:`build`: it pads, as the wheel)."""
-    try:
-        record = json.loads((library.parent / "verified.json").read_text())
-        return frozenset(int(v["file_type"]) for v in record["models"].values() if v["equal"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return frozenset()
+    """Where this CPU's build of the pinned version lives (:func:`~specdec.backends.ik_kernels.build_dir`)."""
+    return ik_kernels.build_dir(IK_VERSION)
 
 
 def cached_library() -> Path | None:
-    """This CPU's verified build's ``libllama.so``, or None (none built, or ``SPECDEC_IK_BUILD=0``)."""
-    if os.environ.get(BUILD_ENV) == "0":
-        return None
-    d = build_dir()
-    lib = d / "libllama.so"
-    return lib if (d / "verified.json").is_file() and lib.is_file() else None
+    """This CPU's verified build of the pinned version, or None (:func:`~specdec.backends.ik_kernels.cached_library`)."""
+    return ik_kernels.cached_library(IK_VERSION)
 
 
 def status() -> dict:

@@ -164,9 +164,9 @@ def load_library() -> SimpleNamespace:
     if wanted and not Path(wanted).is_file():
         raise BackendError(f"{LIB_ENV}={wanted} is not a file: point it at an ik_llama.cpp libllama.so")
     if not wanted:  # this CPU's verified build of exact one-row kernels, when `specdec kernels --build` made one
-        from specdec.backends.ik_build import BUILD_ENV, cached_library
+        from specdec.backends.ik_kernels import BUILD_ENV, cached_library
 
-        built = cached_library()
+        built = cached_library(IK_VERSION)
         wanted = str(built) if built else None
     explicit = bool(os.environ.get(LIB_ENV))
     # The package loads its library once, at import, from IK_LLAMA_CPP_LIB_PATH when that is set: set it
@@ -208,7 +208,7 @@ def load_library() -> SimpleNamespace:
     # a build of specdec's patch (specdec.backends.ik_build) computes one activation row as it computes many;
     # the GGUF file types it was verified on (bitwise against the wheel) are recorded beside it
     lib.one_row_exact = hasattr(raw, "specdec_exact_one_row") and raw.specdec_exact_one_row() == 1
-    from specdec.backends.ik_build import verified_file_types
+    from specdec.backends.ik_kernels import verified_file_types
 
     lib.one_row_file_types = verified_file_types(Path(raw._name)) if lib.one_row_exact else frozenset()
     if os.environ.get("SPECDEC_VERBOSE") != "1":
