@@ -20,7 +20,8 @@ into ``cache_dir()/kernels/ik-<version>-<cpu>/`` (the CPU: a hash of its model n
 into place only once verified. ``SPECDEC_IK_LIB`` (another library) takes precedence; ``SPECDEC_IK_BUILD=0``
 ignores the cached build.
 
-Knows how to build and verify the library (where it lives and whether it is used: :mod:`specdec.backends.ik_kernels`); nothing about sampling or speculation.
+Knows how to build and verify the library (where it lives and whether it is used:
+:mod:`specdec.backends.ik_kernels`); nothing about sampling or speculation.
 """
 
 from __future__ import annotations
