@@ -141,7 +141,10 @@ class HermesFormat:
     Qwen2.5-Coder often writes its calls as a JSON code block instead (``` ```json\n{"name": ...,
     "arguments": ...}\n``` ```), as llama.cpp's Hermes handler also accepts: with ``tool_choice="auto"`` a
     code block that opens with ``{"name": "`` is a call too (any whitespace, the model's own layout), while
-    other code blocks stay text. ``"required"`` and a named function are answered in the template's own form.
+    other code blocks stay text. So is a call object written alone as the answer, in single braces or in the
+    doubled ones of Qwen2.5-Coder's template (``{{"name": ..., "arguments": ...}}``: a ``str.format`` escape
+    in its jinja text, which :mod:`specdec.backends.chat_template` corrects, but which a model may still
+    write). ``"required"`` and a named function are answered in the template's own form.
     """
 
     OPEN = "<tool_call>"
@@ -155,7 +158,9 @@ class HermesFormat:
     CODE_TAIL = re.compile(r'[ \t\n]*\}[ \t\n]*```')
     BARE_OPEN = re.compile(r'[ \t\n]*\{[ \t\n]*"name"[ \t\n]*:[ \t\n]*"')
     BARE_TAIL = re.compile(r'[ \t\n]*\}')
-    BARE_PREFIX = re.compile(r'[ \t\n]*(?:\{[ \t\n]*(?:"(?:n(?:a(?:m(?:e(?:"[ \t\n]*(?::[ \t\n]*)?)?)?)?)?)?)?)?')
+    DOUBLED_OPEN = re.compile(r'[ \t\n]*\{\{[ \t\n]*"name"[ \t\n]*:[ \t\n]*"')
+    DOUBLED_TAIL = re.compile(r'[ \t\n]*\}[ \t\n]*\}')
+    BARE_PREFIX = re.compile(r'[ \t\n]*(?:\{\{?[ \t\n]*(?:"(?:n(?:a(?:m(?:e(?:"[ \t\n]*(?::[ \t\n]*)?)?)?)?)?)?)?)?')
 
     @staticmethod
     def detect(rendered: str) -> bool:
@@ -191,9 +196,12 @@ class HermesFormat:
         n = range(len(functions))
         lines = ["%llguidance {}"]
         if choice == "auto":
-            lines += [f"start: TEXT | {'call+ TEXT?' if parallel else 'call'} | bare_open code_body_bare",
+            lines += [f"start: TEXT | {'call+ TEXT?' if parallel else 'call'} | bare_open code_body_bare"
+                      " | doubled_open code_body_doubled",
                       f"bare_open[lazy]: /{self.BARE_OPEN.pattern}/",
+                      f"doubled_open[lazy]: /{self.DOUBLED_OPEN.pattern}/",
                       "code_body_bare: " + " | ".join(f"bare_{i}" for i in n),
+                      "code_body_doubled: " + " | ".join(f"doubled_{i}" for i in n),
                       "call: tag_open tag_body | code_open code_body",
                       f"tag_open[lazy]: TEXT {json.dumps(self.OPEN)}",
                       f"code_open[lazy]: TEXT /{self.CODE_OPEN.pattern}/",
@@ -204,6 +212,7 @@ class HermesFormat:
                 head = f'{json.dumps(f.name + chr(34))} WS? "," WS? "\\"arguments\\"" WS? ":" WS? %json{json.dumps(args)} WS? "}}"'
                 lines.append(f'code_{i}: {head} WS? "```"')
                 lines.append(f"bare_{i}: {head}")
+                lines.append(f'doubled_{i}: {head} WS? "}}"')
         else:
             more = f' ("\\n" {json.dumps(self.OPEN)} tag_body)*' if parallel else ""
             lines.append(f"start: {json.dumps(self.OPEN)} tag_body{more}")
@@ -216,10 +225,13 @@ class HermesFormat:
         return GrammarSpec("lark", "\n".join(lines) + "\n")
 
     def next_opening(self, text: str, pos: int) -> tuple[int, int, str] | None:
-        """The first call opening in ``text`` from ``pos``: ``(start, end, form)`` (form ``"tag"``, ``"code"``
-        or ``"bare"``: a JSON object alone from the answer's start), or None."""
+        """The first call opening in ``text`` from ``pos``: ``(start, end, form)`` (form ``"tag"``, ``"code"``,
+        ``"bare"``: a JSON object alone from the answer's start, or ``"doubled"``: the same in doubled braces,
+        ``{{"name": ..., "arguments": ...}}``), or None."""
         if pos == 0 and (bare := self.BARE_OPEN.match(text)) is not None:
             return 0, bare.end(), "bare"
+        if pos == 0 and (doubled := self.DOUBLED_OPEN.match(text)) is not None:
+            return 0, doubled.end(), "doubled"
         tag = text.find(self.OPEN, pos)
         code = self.CODE_OPEN.search(text, pos)
         if code is not None and (tag < 0 or code.start() < tag):
@@ -345,7 +357,7 @@ class ToolCallStream:
                 _, after = json.JSONDecoder().raw_decode(text, head.end())
             except (ValueError, RecursionError):  # not complete yet (or nested past Python's limit)
                 return name, text[head.end():] if final else "", None
-            tail = (f.CODE_TAIL if form == "code" else f.BARE_TAIL).match(text, after)
+            tail = {"code": f.CODE_TAIL, "bare": f.BARE_TAIL, "doubled": f.DOUBLED_TAIL}[form].match(text, after)
             if tail is None:
                 return name, text[head.end():after] if final else "", None
             return name, text[head.end():after], tail.end()

@@ -157,3 +157,19 @@ def test_real_tokenizer():
         assert ids.count(151645) == 2 and ids.count(151644) == 3  # system, user, assistant turns only
     finally:
         backend.close()
+
+
+def test_the_tool_call_format_is_shown_in_single_braces():
+    """Issue 48: Qwen2.5-Coder's template (the default pair's, copied in QWEN2_5_TEMPLATE) shows the call
+    format as ``{{"name": ...}}``, a ``str.format`` escape the model copied, so an agent's calls came back
+    as text. The rendering shows it as the model writes calls; without tools nothing changes."""
+    from specdec.backends.chat_template import REPAIRS
+
+    assert REPAIRS[0][0] in QWEN2_5_TEMPLATE  # the bug is in the template the tests copy from the GGUF
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    messages = [{"role": "user", "content": "hi"}]
+    shown = ChatTemplate(QWEN2_5_TEMPLATE, "qwen").render(messages, tools=tools)
+    assert '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>' in shown
+    assert "{{" not in shown
+    assert ChatTemplate(QWEN2_5_TEMPLATE, "qwen").render(messages) == ChatTemplate(
+        QWEN2_5_TEMPLATE.replace(REPAIRS[0][0], "unused"), "qwen").render(messages)

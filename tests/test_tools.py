@@ -122,6 +122,8 @@ SAMPLES = [
     '{"name": "add", "arguments": {"a": 17, "b": 25}}',
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 1}}\n',
     '{"id": 1}',
+    '{{"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}}',
+    '{{"name": "add", "arguments": {"a": 1}',
 ]
 
 
@@ -143,6 +145,33 @@ def test_parse_whole_answers():
     assert json.loads(calls[0].arguments) == {"city": "Paris", "days": 1} and not calls[0].complete
     assert parse_tool_calls(SAMPLES[8]) == (SAMPLES[8], [])  # other JSON stays text
     assert len({c.id for c in parse_tool_calls(SAMPLES[1])[1]}) == 2
+    content, calls = parse_tool_calls(SAMPLES[9])  # doubled braces, as Qwen2.5-Coder's template shows calls
+    assert content is None and [(c.name, json.loads(c.arguments), c.complete) for c in calls] == [
+        ("get_weather", {"city": "Oslo", "days": 1}, True)]
+    content, calls = parse_tool_calls(SAMPLES[10])  # cut before the second closing brace
+    assert [(c.name, c.complete) for c in calls] == [("add", False)]
+    for bare in ('{"name": "add", "arguments": {"a": 1}}', '{{"name": "add", "arguments": {"a": 1}}}'):
+        content, calls = parse_tool_calls(bare + " more")  # text after the call (the grammar forbids it)
+        assert content == "more" and [(c.name, c.arguments) for c in calls] == [("add", '{"a": 1}')]
+    assert parse_tool_calls('x {{"name": "add", "arguments": {}}}')[1] == []  # only as the whole answer
+
+
+def test_doubled_braces_are_a_call_and_end_the_answer(vocab):
+    """Issue 48: the default model copied its template's ``{{"name": ...}}`` and the agent never got a call.
+    Under auto the doubled form is a call valid against its schema, closed by two braces, and the answer
+    ends there."""
+    spec = HermesFormat().grammar([ADD], "auto")
+    c = vocab.constraint(spec)
+    text = b'{{"name": "add", "arguments": {"a": 1, "b": 2}}}'
+    assert c.valid_prefix(list(text + b" and more")) == len(text)
+    assert c.valid_prefix(list(b'{{"name": "sub')) == len(b'{{"name": "')
+    rng = random.Random(48)
+    for _ in range(10):
+        out, ended = walk(vocab, spec, rng, prefix='{{"name": "')
+        _, calls = parse_tool_calls(out)
+        assert calls, out
+        check_calls(calls, FUNCTIONS)
+        assert not ended or calls[0].complete
 
 
 @settings(max_examples=200, deadline=None)
@@ -257,7 +286,8 @@ FRAGMENTS = ["<tool_call>", "</tool_call>", "<tool_", "\n", '{"name": "', '{\n  
              '"arguments"', "add", "noop", "send_email", "a" * 70, "{", "}", "[", "]", '"', "\\", "\\u", "\\ud800",
              "\\x", "```json\n", "```", "``", " ", ":", ",", "1", "é", "\ud800", "}\n</tool_call>", "\n```",
              '<tool_call>\n{"name": "add", "arguments": ', '<tool_call>\n{"name": "send_email", "arguments": ',
-             '```json\n{"name": "noop", "arguments": ', '{"name": "add", "arguments": ', '{"a": 1}', SEND,
+             '```json\n{"name": "noop", "arguments": ', '{"name": "add", "arguments": ', '{{"name": "add", "arguments": ',
+             '{"a": 1}', SEND,
              call_text("tag", "add", '{"a": 1, "b": 2}'), call_text("code", "noop", "{}"), call_text("code", "x", "{}")]
 ANSWERS = st.one_of(st.lists(st.sampled_from(FRAGMENTS), max_size=30).map("".join), st.text(max_size=200))
 

@@ -27,6 +27,26 @@ from datetime import datetime
 from typing import Callable, Sequence
 
 
+REPAIRS: tuple[tuple[str, str], ...] = (
+    # Qwen2.5-Coder's template (the default pair's GGUFs) shows the tool-call format with doubled braces, a
+    # str.format escape left in a jinja string literal: `{{"name": <function-name>, ...}}`. The model copies
+    # it, and an agent's calls come back as text that no parser reads (issue 48). Qwen2.5's own template,
+    # and the format the model was trained on, write one brace.
+    ('<tool_call>\\n{{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}}\\n</tool_call>',
+     '<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call>'),
+)
+"""Known mistakes in chat templates stored in model files, ``(text in the jinja source, replacement)``,
+corrected before the template is compiled. A correction changes the prompt (and so greedy outputs) of the
+requests it concerns only: here, requests with tools."""
+
+
+def repaired(source: str) -> str:
+    """``source`` with each of :data:`REPAIRS` applied (a template without them is returned unchanged)."""
+    for wrong, right in REPAIRS:
+        source = source.replace(wrong, right)
+    return source
+
+
 class ChatTemplate:
     """A compiled chat template.
 
@@ -40,7 +60,7 @@ class ChatTemplate:
     def __init__(self, source: str | None, model_name: str, bos_token: str = "", eos_token: str = ""):
         self.model_name = model_name
         self.bos_token, self.eos_token = bos_token, eos_token
-        self._template = None if source is None else self._compile(source)
+        self._template = None if source is None else self._compile(repaired(source))
 
     def _compile(self, source: str):
         import jinja2.ext

@@ -123,6 +123,24 @@ def test_tool_calling_agent_loop(client):
         (first["name"], json.loads(first["arguments"]))]
 
 
+@pytest.mark.parametrize("instructions", ["Answer the user's question. Use tools.", "You are a helpful agent."])
+def test_an_agent_s_instructions_still_get_a_call(client, instructions):
+    """Issue 48: with an agent's instructions as the system message (the OpenAI Agents SDK's shape: a strict
+    schema, tool_choice unset) the default target answered ``{{"name": "get_weather", ...}}}}`` as text,
+    copying its template's doubled braces, and the agent never called its tool. The template now shows one
+    brace, and the doubled form is read as a call too."""
+    import json
+
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "Get the weather for a city.",
+            "strict": True, "parameters": {"type": "object", "properties": {"city": {"title": "City", "type": "string"}},
+                                           "required": ["city"], "additionalProperties": False}}}
+    r = client.chat.completions.create(model="qwen", tools=[tool], temperature=0, max_tokens=80, messages=[
+        {"role": "system", "content": instructions}, {"role": "user", "content": "What's the weather in Oslo?"}])
+    assert r.choices[0].finish_reason == "tool_calls", r.choices[0].message.content
+    call = r.choices[0].message.tool_calls[0].function
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Oslo"}
+
+
 def test_structured_extraction(client):
     """Issue 39: extraction by JSON schema through the openai client's parse(), speculation on: valid, and the
     same answer with and without speculation."""
