@@ -5,7 +5,8 @@ and HumanEval three times, as "complete" (write the function from its signature 
 apply-edit) and "repeated-task" (the same structured-extraction instruction over other functions, one
 after another: requests that share the shape of their answers, as an agent's or a pipeline's do; the bench
 keeps the engine's cross-request suffix cache on for this category only, see :mod:`specdec.bench.runner`),
-and "structured": answers constrained to a JSON schema (extraction from Spec-Bench texts, descriptions of
+"predicted-edit" (code-edit's prompts, the given code also sent as the answer's prediction, as editors use
+OpenAI's Predicted Outputs), and "structured": answers constrained to a JSON schema (extraction from Spec-Bench texts, descriptions of
 HumanEval functions) or to tool calls (:data:`BENCH_TOOLS`), in turn.
 
 Spec-Bench (Xia et al. 2024, arXiv 2401.07851; ``question.jsonl``): ``mt_bench`` (the 80 MT-bench
@@ -26,7 +27,10 @@ MULTI_TURN = "multi-turn"
 """MT-bench's second turn; the runner generates the first turn's answer (the target's, plain greedy)."""
 REPEATED_TASK = "repeated-task"
 """The same instruction over different inputs, answered one after another (cross-request copying)."""
-HUMANEVAL_CATEGORIES = ("complete", "code-edit", REPEATED_TASK)
+PREDICTED_EDIT = "predicted-edit"
+"""code-edit's prompts with the given code as the answer's prediction (OpenAI's Predicted Outputs flow:
+:attr:`BenchPrompt.prediction`); against code-edit, what the prediction adds to the prompt's copy."""
+HUMANEVAL_CATEGORIES = ("complete", "code-edit", PREDICTED_EDIT, REPEATED_TASK)
 STRUCTURED = "structured"
 """Constrained answers: JSON extraction by schema from Spec-Bench texts and HumanEval functions, and tool calls
 (:data:`BENCH_TOOLS`, ``tool_choice="required"``), in turn."""
@@ -118,6 +122,7 @@ class BenchPrompt:
             (``multi-turn``: MT-bench's first turn); empty for single-turn prompts.
         schema: The JSON schema the answer must match (JSON text), or None.
         tools: The tools the model is shown and must call one of (JSON text of OpenAI's ``tools``), or None.
+        prediction: The text the answer is predicted to be (OpenAI's ``prediction``), or None.
     """
 
     category: str
@@ -126,6 +131,7 @@ class BenchPrompt:
     history: tuple[str, ...] = ()
     schema: str | None = None
     tools: str | None = None
+    prediction: str | None = None
 
     @property
     def structured(self) -> bool:
@@ -198,7 +204,8 @@ def load_prompts(data_dir: str | Path | None = None, per_category: int = 5,
                     text = COMPLETE_TEMPLATE.format(code=p["prompt"])
                 else:
                     text = EDIT_TEMPLATE.format(code=p["prompt"] + p["canonical_solution"])
-                out.append(BenchPrompt(cat, p["task_id"], text))
+                predicted = f"```python\n{p['prompt'] + p['canonical_solution']}```" if cat == PREDICTED_EDIT else None
+                out.append(BenchPrompt(cat, p["task_id"], text, prediction=predicted))
         if STRUCTURED in categories:  # extraction, function description and tool call in turn
             functions = [BenchPrompt(STRUCTURED, f"describe-{p['task_id']}", FUNCTION_TEMPLATE.format(code=p["prompt"]),
                                      schema=json.dumps(FUNCTION_SCHEMA)) for p in _evenly(rows[5::2] or rows, per_category)]

@@ -282,6 +282,8 @@ class _Runner:
         """One generation; returns the run's record (without prompt fields). A structured prompt's answer is
         constrained (specdec: its grammar; llama-server: ``json_schema``) and checked (``valid``)."""
         cfg = self.cfg
+        if prompt is not None and prompt.prediction is not None:
+            return {} if method == "raw" else self._run(method, ids, max_tokens, seed, prompt)
         if prompt is not None and prompt.structured:
             if method == "raw":
                 return {}  # the raw loop has no grammar: no comparable run
@@ -299,13 +301,16 @@ class _Runner:
                         decode_seconds=r.decode_seconds, target_calls=n, committed=n)
         if method.startswith("server"):
             r = self.servers[method].complete(ids, max_tokens, cfg.temperature, seed,
-                                              json_schema=None if prompt is None else peer_schema(prompt))
+                                              json_schema=None if prompt is None or not prompt.structured else peer_schema(prompt))
             return dict(token_ids=r.token_ids, new_tokens=r.new_tokens, prefill_seconds=r.prefill_seconds,
                         decode_seconds=r.decode_seconds, proposed=r.proposed, accepted=r.accepted)
         params = SamplingParams(temperature=cfg.temperature, max_tokens=max_tokens, seed=seed,
-                                grammar=None if prompt is None else grammar_of(prompt))
+                                grammar=None if prompt is None or not prompt.structured else grammar_of(prompt))
         base, backend = split_variant(method, cfg.backends)
-        res = self.engines[backend].generate(ids, params, cfg.spec(base))
+        engine, spec = self.engines[backend], cfg.spec(base)
+        if prompt is not None and prompt.prediction is not None:  # auto drafts from it; other methods ignore it
+            spec = dataclasses.replace(spec, prediction=tuple(engine.tokenize(prompt.prediction, special=False)))
+        res = engine.generate(ids, params, spec)
         s = res.stats
         return dict(token_ids=res.token_ids, new_tokens=s.new_tokens, prefill_seconds=s.prefill_seconds,
                     decode_seconds=s.decode_seconds, target_calls=s.target_calls, proposed=s.proposed,

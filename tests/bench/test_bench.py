@@ -68,7 +68,7 @@ def test_bench_writes_well_formed_outputs(smoke):
     loaded = json.loads((out / "bench.json").read_text())  # strict JSON: no NaN
     assert loaded["config"]["max_tokens"] == 6
     methods = [m for m in cfg.variants() if m in {r["method"] for r in loaded["runs"]}]
-    raw_skipped = "raw" in methods  # the raw loop has no grammar: no run on the structured prompt
+    raw_skipped = 2 * ("raw" in methods)  # the raw loop has no grammar and no prediction: structured, predicted-edit
     assert len(loaded["runs"]) == len(CATEGORIES) * len(methods) - raw_skipped
     assert len(methods) >= len(SPECDEC_METHODS) * len(BACKENDS) + 1
     for r in loaded["runs"]:
@@ -156,6 +156,33 @@ def test_load_prompts_picks_each_category(data_dir):
     assert len(by_cat["mt_bench"]) == 2 and {p.id for p in by_cat["mt_bench"]} == {"81", "82"}
     assert len(by_cat["translation"]) == 1  # only one in the file
     assert "return a + b" in by_cat["code-edit"][0].text and "return a + b" not in by_cat["complete"][0].text
+
+
+def test_predicted_edit_sends_the_code_as_the_prediction(tiny_target_path, tiny_draft_path, data_dir, tmp_path,
+                                                         monkeypatch):
+    """predicted-edit: code-edit's prompt, and the code (in the answer's code block) as ``auto``'s prediction."""
+    from specdec.bench.prompts import PREDICTED_EDIT
+    from specdec.engine import Engine
+
+    ps = load_prompts(data_dir, per_category=1, categories=("code-edit", PREDICTED_EDIT))
+    edit, predicted = ps
+    assert predicted.text == edit.text and predicted.prediction == "```python\n" + \
+        'def add0(a, b):\n    """Add."""\n    return a + b\n```' and edit.prediction is None
+    seen = []
+    real = Engine.generate
+
+    def spy(self, ids, params, spec, *a, **k):
+        seen.append((spec.method, len(spec.prediction)))
+        return real(self, ids, params, spec, *a, **k)
+
+    monkeypatch.setattr(Engine, "generate", spy)
+    cfg = BenchConfig(target=str(tiny_target_path), draft=str(tiny_draft_path), data_dir=str(data_dir),
+                      categories=(PREDICTED_EDIT,), per_category=1, max_tokens=6, n_ctx=512, methods=("none", "auto"),
+                      out_dir=str(tmp_path), progress=False, threads=1, backends=("llama.cpp",), probe_repeats=1,
+                      warmup=False)
+    doc = run_bench(cfg)
+    assert {r["method"] for r in doc["runs"]} == {"none", "auto"}
+    assert {m for m, _ in seen} == {"none", "auto"} and all(n > 0 for _, n in seen), seen  # fixed methods ignore it
 
 
 def test_real_data_files_load_when_present():
