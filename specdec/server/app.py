@@ -9,7 +9,8 @@ Streaming follows OpenAI's chunk format exactly: for chat, a first chunk with ``
 ``delta.content`` chunks, then one with ``finish_reason`` (and, as an extension, ``speculative``), a
 ``usage`` chunk with empty ``choices`` when ``stream_options.include_usage``, then ``data: [DONE]``.
 A request with ``speculative.provenance`` gets each token's provenance on its content chunks
-(:mod:`specdec.server.provenance`). The playground page (:mod:`specdec.server.playground`) is served at
+(:mod:`specdec.server.provenance`). The Responses API (``/v1/responses``) runs on the chat endpoint's
+machinery (:mod:`specdec.server.responses`). The playground page (:mod:`specdec.server.playground`) is served at
 ``/`` and ``/playground``.
 """
 
@@ -31,10 +32,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from specdec.metrics import ServerMetrics
 from specdec.prefill import check_chunk_tokens
 from specdec.scheduler import Scheduler
-from specdec.server import logprobs, playground, provenance, serving
+from specdec.server import logprobs, playground, provenance, responses, serving
 from specdec.server.access import AccessMiddleware, check_metrics_key, tenant_of
 from specdec.tools import ToolCallStream, parse_tool_calls
 from specdec.server.errors import APIError, error_body, install_error_handlers, refuse_invalid_unicode
+from specdec.server.response_store import ResponseStore
 from specdec.server.protocol import (
     ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, CompletionChunk,
     CompletionChunkChoice, CompletionRequest, CompletionResponse, Delta, ErrorResponse, ModelCard, ModelList,
@@ -81,6 +83,10 @@ class ServerConfig:
             does not read them; beyond it the request is cancelled (the client is too slow, or gone).
         grammar_budget_s: Seconds a request's grammar may take to compile, in a trial process
             (:mod:`specdec.grammar_compile`); over it, or crashing it, is a 400.
+        responses_store: Responses of ``/v1/responses`` kept per tenant (``store: true``) for
+            ``previous_response_id`` and ``GET /v1/responses/{id}``, the least recently used leaving first;
+            0 keeps none (:mod:`specdec.server.response_store`).
+        responses_store_bytes: Bytes of those kept per tenant (their JSON, conversations included).
     """
 
     model_name: str
@@ -103,6 +109,8 @@ class ServerConfig:
     max_connections: int | None = None
     stream_buffer: int = 4096
     grammar_budget_s: float = 5.0
+    responses_store: int = 256
+    responses_store_bytes: int = 64 << 20
 
     @property
     def api_keys(self) -> tuple[str, ...]:
@@ -123,7 +131,8 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
 
     Raises:
         ValueError: when the engine's backends hold fewer sequences than ``config.max_running``, or the
-            metrics key is empty, an API key, or given with ``metrics_public``.
+            metrics key is empty, an API key, or given with ``metrics_public``, or a bound of the response
+            store is negative.
     """
     Scheduler.check_capacity(engine, config.max_running, config.max_waiting)
     check_metrics_key(config.metrics_key, config.api_keys, config.metrics_public)
@@ -136,6 +145,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
     )
     created = int(time.time())
     state: dict = {}
+    store = ResponseStore(config.responses_store, config.responses_store_bytes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -249,13 +259,20 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
                      for i, r in enumerate(results)],
         )
 
-    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS)
-    async def chat_completions(req: ChatCompletionRequest, raw: Request):
+    async def start_chat(req: ChatCompletionRequest, raw: Request) -> serving.ChatRun:
+        """Check, render and submit a chat request: Chat Completions' own, or the one a Responses request
+        translates to (:mod:`specdec.server.responses`). Raises APIError (4xx, 429, 503)."""
         check_request(req)
         tools = await asyncio.to_thread(serving.tool_plan, req)  # schemas checked: off the event loop
         kwargs, spec, grammar_field = await admit(req, tools)
         prompts = [await asyncio.to_thread(serving.tokenize_chat, engine, req.messages, tools)]
         choices = await start(req, raw, prompts, kwargs, spec, default_max=None, grammar_field=grammar_field)
+        return serving.ChatRun(choices, prompts, spec, tools)
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS)
+    async def chat_completions(req: ChatCompletionRequest, raw: Request):
+        run = await start_chat(req, raw)
+        choices, prompts, spec, tools = run.choices, run.prompts, run.spec, run.tools
         head = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": config.model_name}
         prov = provenance.wanted(req)
         calls = tools is not None and tools.calls  # the answers are parsed for tool calls
@@ -303,6 +320,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
                      for i, (r, (msg, finish)) in enumerate(zip(results, answers))],
         )
 
+    responses.add_routes(app, start_chat, _collect, config.model_name, store)
     return app
 
 

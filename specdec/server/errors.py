@@ -109,6 +109,12 @@ def _field_loc(error: dict) -> list[str]:
     return [str(x) for x in error.get("loc", ()) if x != "body" and not _is_union_member(x)]
 
 
+def validation_param(error: dict) -> str:
+    """The field a pydantic error (an item of ``ValidationError.errors()``) is about, dotted (``content.0.text``;
+    ``""`` for the whole value)."""
+    return ".".join(_field_loc(error))
+
+
 def _describe_validation(exc: RequestValidationError, json_sent: bool = False) -> tuple[str, str | None]:
     """``(message, param)`` of a request that failed validation; ``json_sent``: the request said its body is
     JSON (then a body that is no object is not a missing Content-Type)."""

@@ -592,6 +592,24 @@ class Choices:
         return out  # type: ignore[return-value]
 
 
+@dataclass(frozen=True)
+class ChatRun:
+    """A chat request admitted to the scheduler, as both chat-shaped endpoints (Chat Completions and
+    Responses) read its answers.
+
+    Attributes:
+        choices: Its jobs and the queue of their events.
+        prompts: The rendered prompt's token ids (one prompt).
+        spec: The proposer settings it runs with.
+        tools: Its tools (None: none); answers are read for calls when ``tools.calls``.
+    """
+
+    choices: Choices
+    prompts: list[list[int]]
+    spec: SpecConfig
+    tools: ToolPlan | None
+
+
 def engine_error(e: BaseException, grammar_field: str | None = None) -> APIError:
     """An error raised in the scheduler thread as an API error: 400 for a request the engine refused at
     admission (:class:`~specdec.scheduler.RequestError`, its message written for clients), 503 when the
