@@ -64,6 +64,12 @@ def add_serve_args(s: argparse.ArgumentParser) -> None:
                         "repeated tasks draft from each other's answers. A side channel between clients (timing "
                         "shows whether an earlier output held a text; see SECURITY.md); about 0.5 KB of memory a "
                         "token (default 0 = off)")
+    s.add_argument("--responses-store", type=int, default=256, metavar="N",
+                   help="responses of /v1/responses kept per API key (store: true) for previous_response_id and "
+                        "GET /v1/responses/ID, in memory, the least recently used leaving first (default 256; 0 = "
+                        "none)")
+    s.add_argument("--responses-store-mb", type=int, default=64, metavar="MB",
+                   help="memory those responses may take per API key, their conversations included (default 64)")
     add_ray_args(s)
 
 
@@ -161,7 +167,8 @@ def check_serve_args(args: argparse.Namespace) -> None:
     from specdec.server.access import is_loopback
 
     spec_from_args(args)
-    zero_ok = ("max_queue", "prefix_cache_tokens", "prefill_chunk_tokens", "suffix_cache_tokens")
+    zero_ok = ("max_queue", "prefix_cache_tokens", "prefill_chunk_tokens", "suffix_cache_tokens", "responses_store",
+               "responses_store_mb")
     for name in ("max_concurrency", "max_tokens_limit", "max_prompt_tokens", "max_body_bytes", *zero_ok):
         value = getattr(args, name)
         if value is not None and value < (0 if name in zero_ok else 1):
@@ -263,5 +270,6 @@ def load_server(args: argparse.Namespace):
         max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens_limit,
         prefix_cache_tokens=args.prefix_cache_tokens, prefill_chunk_tokens=args.prefill_chunk_tokens,
         suffix_cache_tokens=args.suffix_cache_tokens, grammar_budget_s=args.grammar_budget,
+        responses_store=args.responses_store, responses_store_bytes=args.responses_store_mb << 20,
     )
     return engine, config

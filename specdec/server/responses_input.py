@@ -212,6 +212,9 @@ def _item(i: int, raw: dict) -> dict:
     """Input item ``i``, checked and normalized."""
     param = f"input.{i}"
     kind = raw.get("type", "message" if "role" in raw else None)
+    if kind is None:
+        raise APIError(400, f"{param}: an item needs a type (message, function_call or function_call_output), or "
+                       "a role for a message", param=param)
     if kind not in INPUT_ITEMS:
         hint = " (send the item itself, or use previous_response_id)" if kind == "item_reference" else ""
         raise APIError(400, f"{param}: items of type {kind!r} are not supported by this server; send message, "
@@ -231,9 +234,13 @@ def _item(i: int, raw: dict) -> dict:
 
 def _validated(model: type[BaseModel], data, param: str):
     """``data`` validated as ``model``; a 400 naming the field within ``param`` otherwise."""
-    if isinstance(data, dict) and model is FunctionTool and data.get("type") != "function":
-        raise APIError(400, f"{param}: {data.get('type')!r} tools are not supported by this server; only function "
-                       "tools", param=param)
+    if isinstance(data, dict) and model is FunctionTool:
+        if data.get("type") != "function":
+            raise APIError(400, f"{param}: {data.get('type')!r} tools are not supported by this server; only "
+                           "function tools", param=param)
+        if "function" in data:
+            raise APIError(400, f"{param}: a function tool is flat here ({{\"type\": \"function\", \"name\": ..., "
+                           "\"parameters\": ...}), not nested under 'function' as in Chat Completions", param=param)
     try:
         return model.model_validate(data)
     except ValidationError as e:
