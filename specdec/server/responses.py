@@ -53,8 +53,9 @@ class AnswerItems:
     (whitespace before it is held: an answer that is calls and whitespace has no message, as chat's content
     is null then) and closed at the end (``incomplete`` when the answer was cut); each call is a
     ``function_call`` item, opened when its name is read, its arguments streamed as written, closed when
-    complete (``incomplete`` if the answer ended inside it). Fed a whole answer at once, it gives the items a
-    stream of that answer ends with (items in the order they opened).
+    complete (``incomplete`` if the answer ended inside it). Items keep the order they opened in, so fed a
+    whole answer at once it gives the items its stream ends with, but for an answer whose text outside calls
+    all comes after a call (a stream opens the message after that call; a whole answer, first).
 
     Args:
         tools: The request's tools; the answer is read for calls when ``tools.calls``, else it is all text.

@@ -357,3 +357,114 @@ def test_the_store_is_bounded_per_tenant():
     assert not ResponseStore(0, 1000).put("t", "a", entry(1))
     with pytest.raises(ValueError):
         ResponseStore(-1, 10)
+
+
+def _plan(choice: str = "auto"):
+    from specdec.server.serving import ToolPlan
+    from specdec.tools import Function
+
+    return ToolPlan((Function("add", ADD["parameters"], ""),), choice, True)
+
+
+def _rebuilt(events: list[dict]) -> list[dict]:
+    """The output items as a client rebuilds them from the events (added, then deltas, then done)."""
+    items: dict[int, dict] = {}
+    for e in events:
+        if e["type"] == "response.output_item.added":
+            items[e["output_index"]] = {**e["item"], "text": "", "args": ""}
+        elif e["type"] == "response.output_text.delta":
+            items[e["output_index"]]["text"] += e["delta"]
+        elif e["type"] == "response.function_call_arguments.delta":
+            items[e["output_index"]]["args"] += e["delta"]
+        elif e["type"] == "response.output_item.done":
+            done = e["item"]
+            assert done["id"] == items[e["output_index"]]["id"]
+            got = items[e["output_index"]]
+            assert (got["text"] == done["content"][0]["text"]) if done["type"] == "message" else (
+                got["args"] == done["arguments"])
+            items[e["output_index"]] = done
+    return [items[i] for i in sorted(items)]
+
+
+def _shape(items: list[dict]) -> list[tuple]:
+    return [(i["type"], i["status"], i["content"][0]["text"] if i["type"] == "message" else (i["name"], i["arguments"]))
+            for i in items]
+
+
+CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("text, tools, reason, expected", [
+    ("Hello there", None, "stop", [("message", "completed", "Hello there")]),
+    ("  \nHi", None, "length", [("message", "incomplete", "  \nHi")]),
+    ("", None, "stop", [("message", "completed", "")]),
+    ("\n" + CALL, "auto", "stop", [("function_call", "completed", ("add", '{"a": 1, "b": 2}'))]),
+    ("Sure.\n" + CALL, "auto", "stop", [("message", "completed", "Sure.\n"),
+                                        ("function_call", "completed", ("add", '{"a": 1, "b": 2}'))]),
+    (CALL + CALL, "required", "stop", [("function_call", "completed", ("add", '{"a": 1, "b": 2}'))] * 2),
+    (CALL[:-20], "required", "length", [("function_call", "incomplete", ("add", '{"a": 1, "'))]),
+    ("Hello " + CALL, None, "stop", [("message", "completed", "Hello " + CALL)]),  # tool_choice none: text
+])
+def test_answer_items_are_the_same_however_the_text_arrives(text, tools, reason, expected):
+    """The items (and the events that build them) of an answer fed whole and split anywhere in two or three:
+    the same, as chat's content and tool_calls read them."""
+    from specdec.server.responses import AnswerItems
+
+    plan = _plan(tools) if tools else None
+    cuts = [(i,) for i in range(len(text) + 1)] + [(i, j) for i in range(0, len(text), 7) for j in range(i, len(text), 5)]
+    for cut in cuts:
+        answer = AnswerItems(plan)
+        bounds = (0, *cut, len(text))
+        events = [e for a, b in zip(bounds, bounds[1:]) for e in answer.feed(text[a:b])]
+        events += answer.finish(reason)
+        assert _shape(answer.items) == expected, cut
+        assert _shape(_rebuilt(events)) == expected, cut
+
+
+def test_a_failure_while_generating_ends_the_stream(monkeypatch):
+    """A grammar found impossible while generating: the text so far, then ``error`` and ``response.failed``,
+    naming the request's own field (text.format, not chat's response_format); the run is cancelled."""
+    import asyncio
+
+    from specdec.grammar import GrammarError
+    from specdec.output import StreamChunk
+    from specdec.params import SpecConfig
+    from specdec.server import responses, serving
+    from specdec.server.responses_input import translate
+    from specdec.server.responses_protocol import ResponsesRequest
+
+    class Choices:
+        grammar_field, cancelled = "response_format", False
+
+        def __init__(self):
+            self.events = asyncio.Queue()
+
+        def cancel(self):
+            self.cancelled = True
+
+    async def main():
+        choices = Choices()
+        for ev in (StreamChunk(text="{"), GrammarError("no text matches it")):
+            choices.events.put_nowait((0, ev))
+        run = serving.ChatRun(choices, [[1, 2, 3]], SpecConfig(), None)
+        turn = translate(ResponsesRequest(input="x", text={"format": {"type": "json_object"}}))
+        head = {"id": "resp_x", "created_at": 0, "model": "tiny", **turn.echo}
+        kept = []
+        events = [e async for e in responses._events(run, turn, head, lambda *a: kept.append(a))]
+        return choices, events, kept
+
+    choices, events, kept = asyncio.run(main())
+    assert [e["type"] for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "error", "response.failed"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    error = events[-2]
+    assert error["param"] == "text.format" and error["message"].startswith("text.format: "), error
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["message"] == error["message"]
+    assert choices.cancelled and not kept  # a failed response is not stored
+
+
+def test_the_schema_lists_the_routes(server):
+    paths = httpx.get(f"{server.root}/openapi.json", timeout=30).json()["paths"]
+    assert {"post"} <= set(paths["/v1/responses"]) and {"get", "delete"} <= set(paths["/v1/responses/{response_id}"])
