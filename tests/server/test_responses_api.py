@@ -357,6 +357,11 @@ def test_the_store_is_bounded_per_tenant():
     assert not ResponseStore(0, 1000).put("t", "a", entry(1))
     with pytest.raises(ValueError):
         ResponseStore(-1, 10)
+    from specdec.options.serve import check_serve_args, parse_serve_args
+
+    for option in ("--responses-store", "--responses-store-mb"):
+        with pytest.raises(ValueError, match=option):
+            check_serve_args(parse_serve_args([option, "-1"]))
 
 
 def _plan(choice: str = "auto"):
