@@ -239,3 +239,13 @@ class RawConnection:
             pass
         out, self.buf = self.buf, b""
         return out
+
+
+def qwen_template_engine(folder):
+    """A tiny target and draft (written into ``folder``) carrying Qwen2.5's chat template, tools included:
+    an engine with 4 sequences and a 2048-token context."""
+    from tiny_gguf import QWEN2_5_TEMPLATE, write_tiny_qwen2_gguf
+
+    target = write_tiny_qwen2_gguf(folder / "target.gguf", seed=0, n_ctx=2048, chat_template=QWEN2_5_TEMPLATE)
+    draft = write_tiny_qwen2_gguf(folder / "draft.gguf", seed=1, n_layer=1, n_ctx=2048, chat_template=QWEN2_5_TEMPLATE)
+    return tiny_engine(target, draft, n_seq_max=4, n_ctx=2048)

@@ -13,8 +13,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from server_helpers import LiveServer, tiny_engine
-from tiny_gguf import QWEN2_5_TEMPLATE, write_tiny_qwen2_gguf
+from server_helpers import LiveServer, qwen_template_engine, tiny_engine
 
 pytest.importorskip("llguidance")
 
@@ -35,10 +34,7 @@ ANSWERED = [{"role": "assistant", "content": None, "tool_calls": [
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    d = tmp_path_factory.mktemp("qwen-template")
-    target = write_tiny_qwen2_gguf(d / "target.gguf", seed=0, n_ctx=2048, chat_template=QWEN2_5_TEMPLATE)
-    draft = write_tiny_qwen2_gguf(d / "draft.gguf", seed=1, n_layer=1, n_ctx=2048, chat_template=QWEN2_5_TEMPLATE)
-    engine = tiny_engine(target, draft, n_seq_max=4, n_ctx=2048)
+    engine = qwen_template_engine(tmp_path_factory.mktemp("qwen-template"))
     with LiveServer(engine, max_running=2) as srv:
         srv.engine = engine
         yield srv
