@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from specdec.cli.options import (
-    add_model_args, add_sampling_args, add_spec_args, check_model_args, load_engine_from_args, read_prompt, sampling_params_from_args,
-    spec_from_args,
+    EXPLAIN_HELP, add_model_args, add_sampling_args, add_spec_args, check_model_args, enable_explain, load_engine_from_args,
+    read_prompt, sampling_params_from_args, spec_from_args,
 )
 from specdec.params import SpecConfig
 from specdec.stats import acceptance_rate
@@ -34,6 +34,7 @@ def add_parser(sub) -> None:
     g.add_argument("--compare", action="store_true", help="also run plain decoding and compare speed and output")
     g.add_argument("--show-accepted", action="store_true", help="colour accepted draft tokens (terminal)")
     g.add_argument("--json", action="store_true", help="print the result and stats as JSON on stdout")
+    g.add_argument("--explain", action="store_true", help=EXPLAIN_HELP)
     g.set_defaults(run=run)
 
 
@@ -108,6 +109,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("the prompt is empty")
     params = sampling_params_from_args(args)
     predicted = read_prediction(args.prediction)
+    if args.explain:
+        if spec.method != "auto":
+            raise ValueError(f"--explain shows auto's decisions; --method {spec.method} makes none")
+        enable_explain()
     # one request at a time: one sequence, and one per alternative candidate of a token tree where it costs
     # nothing (a larger unified cache slows every llama.cpp step by ~3%)
     from specdec.api import one_request_layout

@@ -101,3 +101,21 @@ def read_prompt(args: argparse.Namespace) -> str:
     if args.prompt is None:
         raise ValueError("no prompt given: pass PROMPT, '-' for stdin, or --file PATH")
     return args.prompt
+
+
+EXPLAIN_HELP = ("print auto's decision at every step on stderr: each option's predicted tokens, seconds and rate "
+                "(a plain step, each source's best k), the choice and why")
+
+
+def enable_explain() -> None:
+    """``--explain``: :data:`specdec.policy.auto.log` at DEBUG level to stderr, one line a step
+    (:meth:`specdec.policy.auto.AutoProposer.explain`)."""
+    import logging
+
+    from specdec.policy import auto
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    auto.log.addHandler(handler)
+    auto.log.setLevel(logging.DEBUG)
+    auto.log.propagate = False

@@ -27,6 +27,8 @@ def run(args: argparse.Namespace) -> int:
     """``specdec serve``: load the models, then serve the OpenAI API until SIGINT/SIGTERM; with ``--ray``
     on Ray Serve (:func:`specdec.server.ray_serve.run_ray`)."""
     if args.ray:
+        if args.explain:
+            raise ValueError("--explain logs one server's steps; it cannot be combined with --ray")
         from specdec.server.ray_serve import run_ray
 
         run_ray(args)  # checks the options (check_serve_args) first
@@ -37,6 +39,11 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} needs --ray")
 
     from specdec.server import run_server
+
+    if args.explain:
+        from specdec.cli.options import enable_explain
+
+        enable_explain()
 
     engine, config = load_server(args)
     run_server(engine, config, host=args.host, port=args.port, drain_timeout=args.drain_timeout)

@@ -64,6 +64,9 @@ def add_serve_args(s: argparse.ArgumentParser) -> None:
                         "repeated tasks draft from each other's answers. A side channel between clients (timing "
                         "shows whether an earlier output held a text; see SECURITY.md); about 0.5 KB of memory a "
                         "token (default 0 = off)")
+    s.add_argument("--explain", action="store_true",
+                   help="log auto's decision at every step of every request on stderr (one line a step: each "
+                        "option's predicted rate, the choice and why); for diagnosis, it slows serving")
     s.add_argument("--responses-store", type=int, default=256, metavar="N",
                    help="responses of /v1/responses kept per API key (store: true) for previous_response_id and "
                         "GET /v1/responses/ID, in memory, the least recently used leaving first (default 256; 0 = "

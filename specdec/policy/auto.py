@@ -16,6 +16,7 @@ the estimate, and counts alone never raise it above what the text has shown.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from typing import Sequence
 
@@ -34,6 +35,10 @@ from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.prediction import KIND as PREDICTION
 from specdec.proposers.suffix import SuffixProposer
 from specdec.verify.base import Draft
+
+log = logging.getLogger(__name__)
+"""Each step's decision at DEBUG level, one line (:meth:`AutoProposer.explain`): ``specdec generate --explain``,
+``specdec serve --explain``."""
 
 DRAFT_MARGIN = 1.05
 """``auto`` considers a draft model only if, with every draft accepted, it would beat plain decoding by
@@ -91,6 +96,8 @@ class AutoProposer(Sources):
         self._free_sequences = free_sequences
         self._branches: tuple[Draft, ...] = ()  # the alternatives of this step's suffix choice (a tree)
         self._no_pay: dict[str, tuple] = {}  # drafter -> (conditions, catch-up) of its last "cannot pay"
+        self.reason = ""
+        """Why :meth:`choose` chose what it last chose, in words (for :meth:`explain`)."""
 
     def propose(self, context: Sequence[int], k: int, params: SamplingParams, draws: Draws,
                 load: Load = ALONE) -> Proposal:
@@ -105,6 +112,15 @@ class AutoProposer(Sources):
         suffix = self.suffix.propose(context, k, params, draws) if self.suffix is not None else EMPTY_PROPOSAL
         choice = self.choose(match, order, k, catchup, params.greedy, suffix, load)
         self.log_choice(choice, order, catchup, params.greedy, load, suffix)
+        proposal = self._proposal(choice, context, match, order, params, draws, suffix, load)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(self.explain(len(context), choice, proposal, match, order, k, catchup, params.greedy, suffix,
+                                   load))
+        return proposal
+
+    def _proposal(self, choice: Choice, context: Sequence[int], match: list[int], order: int,
+                  params: SamplingParams, draws: Draws, suffix: Proposal, load: Load) -> Proposal:
+        """The drafts of ``choice`` (for a plain step: none, or the padding row's free guess)."""
         expected = self._expected(choice, order, suffix)
         if choice.source == "ngram":
             return Proposal(tokens=match[: choice.k], kind=f"ngram{order}", expected=expected)
@@ -166,7 +182,7 @@ class AutoProposer(Sources):
         cm = self.cost
         plain = cm.plain(greedy, load)
         if math.isnan(plain.seconds):  # measure S(1) first
-            return plain
+            return self._because(plain, "S(1) not measured yet: a plain step measures it")
         share = 1.0 / (1 + load.sequences)  # of a plain step, towards the next probe
         est = self._estimates(match, order, k, suffix, load)
         if self._out_of_reach(est, suffix, greedy, plain, load):
@@ -174,18 +190,29 @@ class AutoProposer(Sources):
             # counted only when there is an option, as below)
             drafters = (None if match or suffix.tokens or self._predicted
                         else self._drafters(catchup, k, greedy, plain, load))
-            if drafters == [] or not self.probe.should_probe(share):
-                return plain
+            if drafters == []:
+                return self._because(plain, "nothing to draft from that could pay")
+            if not self.probe.should_probe(share):
+                return self._because(plain, "no option can beat plain, even by a bound on its acceptance")
             drafters = self._drafters(catchup, k, greedy, plain, load) if drafters is None else drafters
             best = self._best(est, catchup, greedy, suffix, drafters, load)
-            return (best is not None and self._probe(best, match, order, k, catchup, greedy, plain, suffix, load)) or plain
+            probe = best is not None and self._probe(best, match, order, k, catchup, greedy, plain, suffix, load)
+            return self._because(probe, "a probe: refresh the best option's acceptance after plain steps") if probe \
+                else self._because(plain, "no option can beat plain; no probe fits its budget")
         best = self._best(est, catchup, greedy, suffix, self._drafters(catchup, k, greedy, plain, load), load)
         if best is not None and best.rate > plain.rate:
             self.probe.speculating()
-            return best
+            return self._because(best, f"the best option: {best.rate / plain.rate:.2f}x plain's rate")
         if best is not None and self.probe.should_probe(share):
-            return self._probe(best, match, order, k, catchup, greedy, plain, suffix, load) or plain
-        return plain
+            probe = self._probe(best, match, order, k, catchup, greedy, plain, suffix, load)
+            return self._because(probe, "a probe: refresh the best option's acceptance after plain steps") if probe \
+                else self._because(plain, "plain beats every option; no probe fits its budget")
+        return self._because(plain, "plain beats every option" if best is not None else "nothing to draft from")
+
+    def _because(self, choice: Choice, reason: str) -> Choice:
+        """``choice``, with ``reason`` kept as :attr:`reason` (for :meth:`explain`)."""
+        self.reason = reason
+        return choice
 
     def _estimates(self, match: list[int], order: int, k: int, suffix: Proposal, load: Load) -> dict[str, np.ndarray]:
         """Source -> ``[K] float64`` conditional acceptance estimates of this step's options: ``"ngram"`` when
@@ -217,12 +244,7 @@ class AutoProposer(Sources):
         """The option of highest rate, eq. (3): n-gram, suffix (a token tree when it pays), each drafter in
         ``drafters``, each with its best k for its estimates ``est``; None when none has anything to offer."""
         cm = self.cost
-        priced = [(source, cm.best_k(est[source], lambda j: 0.0, greedy, load=load))
-                  for source in ("ngram", PREDICTION, "suffix") if source in est]
-        for kind in drafters:  # each drafter is an option of its own, timed and scored on its own
-            priced.append((kind, cm.best_k(est[kind], self._draft_cost(kind, catchup, greedy), greedy, load=load)))
-        options = [dataclasses.replace(c, source=source) for source, c in priced if c is not None]
-        best = max(options, key=lambda c: c.rate, default=None)
+        best = max(self._options(est, catchup, greedy, drafters, load), key=lambda c: c.rate, default=None)
         if best is None or best.source != "suffix":
             return best
         n_max = min(self.tree, self._free_sequences())
@@ -231,6 +253,49 @@ class AutoProposer(Sources):
         best, self._branches = grow_tree(best, suffix, self.suffix.branches(n_max), self.estimates, cm, load,
                                          greedy, n_max)
         return best
+
+    def _options(self, est: dict[str, np.ndarray], catchup: dict[str, int], greedy: bool, drafters: list[str],
+                 load: Load) -> list[Choice]:
+        """Each source's best chain by eq. (3): the free ones in ``est`` (n-gram, prediction, suffix), then each
+        drafter in ``drafters``, each with its best k; a source with nothing to offer is left out."""
+        cm = self.cost
+        priced = [(source, cm.best_k(est[source], lambda j: 0.0, greedy, load=load))
+                  for source in ("ngram", PREDICTION, "suffix") if source in est]
+        for kind in drafters:  # each drafter is an option of its own, timed and scored on its own
+            priced.append((kind, cm.best_k(est[kind], self._draft_cost(kind, catchup, greedy), greedy, load=load)))
+        return [dataclasses.replace(c, source=source) for source, c in priced if c is not None]
+
+    def explain(self, position: int, choice: Choice, proposal: Proposal, match: list[int], order: int, k: int,
+                catchup: dict[str, int], greedy: bool, suffix: Proposal = EMPTY_PROPOSAL,
+                load: Load = ALONE) -> str:
+        """One line on this step's decision: every option priced by eq. (3) (a plain step, each source's best
+        chain, every drafter whether or not it could pay), as ``E tokens / seconds = rate``, then the choice and
+        :attr:`reason`. In a call shared with other sequences the rates are the call's. For the log only
+        (:data:`log`): it prices every option, which the decision itself skips where a bound rules them out.
+
+        Example: ``auto @212: plain 1.00 tok / 52.0 ms = 19.2 tok/s | ngram2 k=3 1.52 tok / 60.1 ms = 25.3
+        tok/s | draft k=1 1.41 tok / 88.0 ms = 16.0 tok/s -> ngram2 k=3 (the best option: 1.32x plain's rate)``.
+        """
+        plain = self.cost.plain(greedy, load)
+        where = f"auto @{position}" + (f" (call shared with {load.sequences} more)" if load.sequences else "")
+        if math.isnan(plain.seconds):
+            return f"{where}: plain ({self.reason})"
+
+        def fmt(c: Choice, name: str) -> str:
+            return (f"{name}{f' k={c.k}' if c.k else ''}{f' +{c.tree_tokens} tree' if c.tree_tokens else ''} "
+                    f"{c.tokens + c.others:.2f} tok / {1e3 * c.seconds:.1f} ms = {c.rate:.1f} tok/s")
+
+        est = self._estimates(match, order, k, suffix, load)
+        names = {"ngram": f"ngram{order}"}
+        options = [fmt(plain, "plain")] + [fmt(c, names.get(c.source, c.source))
+                                           for c in self._options(est, catchup, greedy, list(self.drafts), load)]
+        if choice.source is not None:
+            chosen = f"{names.get(choice.source, choice.source)} k={choice.k}" + (" (probe)" if choice.probe else "")
+        elif proposal.tokens:
+            chosen = f"plain, with a free {proposal.kind} guess in the padding row"
+        else:
+            chosen = "plain"
+        return f"{where}: {' | '.join(options)} -> {chosen} ({self.reason})"
 
     def _out_of_reach(self, est: dict[str, np.ndarray], suffix: Proposal, greedy: bool, plain: Choice,
                       load: Load) -> bool:
