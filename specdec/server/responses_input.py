@@ -24,16 +24,16 @@ from pydantic import BaseModel, ValidationError
 from specdec.server.errors import APIError, refuse_invalid_unicode, validation_param
 from specdec.server.protocol import ChatCompletionRequest
 from specdec.server.responses_protocol import (
-    INPUT_ITEMS, REFUSED, FunctionCallItem, FunctionCallOutputItem, FunctionTool, MessageItem, NamedFunction,
-    ResponsesRequest,
+    INPUT_ITEMS, REFUSED, TEXT_FORMATS, FunctionCallItem, FunctionCallOutputItem, FunctionTool, MessageItem,
+    NamedFunction, ResponsesRequest,
 )
 
 
 @dataclass(frozen=True)
 class Source:
-    """Where a chat message came from: the request field (``instructions``, ``input``, ``input.N`` or
-    ``previous_response_id``), the name of its text there (``content``, ``output``; None: the field is the
-    text), and the fields of the calls in its ``tool_calls``."""
+    """Where a chat message came from: the request field (``instructions``, ``input``, ``input.N``, or
+    ``previous_response_id.N``: item N of the stored conversation continued), the name of its text there
+    (``content``, ``output``; None: the field is the text), and the fields of the calls in its ``tool_calls``."""
 
     field: str
     text: str | None = None
@@ -58,9 +58,16 @@ class Turn:
     echo: dict
 
     def error(self, e: APIError) -> APIError:
-        """``e``, raised by the chat machinery for :attr:`chat`, in the Responses request's terms."""
+        """``e``, raised by the chat machinery for :attr:`chat`, in the Responses request's terms (an item of
+        the conversation ``previous_response_id`` continues is named in the message; ``param`` is
+        ``previous_response_id``)."""
         param = {"messages": "input", "prompt": "input"}.get(e.param, e.param)
-        return APIError(e.status, self._rename(e.message), param and self._rename(param), e.code, e.type)
+        message = _STORED_ITEM.sub(_stored_item, self._rename(e.message))
+        if message.endswith("is not JSON") and "previous_response_id's conversation" in message:
+            message += (" (a function call cut short by max_output_tokens: that conversation cannot be continued; "
+                        "send its items as input, the call completed or left out)")
+        param = param and _STORED_ITEM.sub("previous_response_id", self._rename(param))
+        return APIError(e.status, message, param, e.code, e.type)
 
     def _rename(self, text: str) -> str:
         text = _MESSAGE_FIELD.sub(self._message_field, text)
@@ -73,8 +80,6 @@ class Turn:
         if i >= len(self.sources):
             return "input"
         src = self.sources[i]
-        if src.field == "previous_response_id":
-            return src.field
         if rest[:1] == ["tool_calls"] and len(rest) > 1 and rest[1].isdigit() and int(rest[1]) < len(src.calls):
             return src.calls[int(rest[1])] + (".arguments" if rest[-1] == "arguments" else "")
         if rest[:1] == ["content"] and src.text is not None:
@@ -84,6 +89,12 @@ class Turn:
         return src.field
 
 
+def _stored_item(m: re.Match) -> str:
+    what = f"the {m.group(2)} of item {m.group(1)}" if m.group(2) else f"item {m.group(1)}"
+    return f"{what} of previous_response_id's conversation"
+
+
+_STORED_ITEM = re.compile(r"\bprevious_response_id\.(\d+)(?:\.(\w+))?")
 _MESSAGE_FIELD = re.compile(r"\bmessages\.(\d+)((?:\.[A-Za-z_]\w*|\.\d+)*)")
 _CHAT_FIELDS = [(re.compile(r"\bresponse_format(?:\.json_schema)?\b"), "text.format"),
                 (re.compile(r"\bmax_tokens\b"), "max_output_tokens"),
@@ -97,7 +108,8 @@ def translate(req: ResponsesRequest, previous: tuple[dict, ...] = ()) -> Turn:
     Raises:
         APIError: 400 naming the field: an unsupported feature (:data:`REFUSED`, ``truncation: "auto"``,
             ``text.verbosity``, obfuscation), empty ``input``, an item of an unknown type or a part that is
-            not text, a tool that is not a function, a bad ``tool_choice``, metadata over OpenAI's bounds,
+            not text, a ``function_call_output`` whose ``call_id`` no earlier ``function_call`` has, a tool
+            that is not a function, a bad ``tool_choice`` or ``text.format``, metadata over OpenAI's bounds,
             invalid Unicode anywhere.
     """
     refuse_unsupported(req)
@@ -109,7 +121,9 @@ def translate(req: ResponsesRequest, previous: tuple[dict, ...] = ()) -> Turn:
     else:
         new, fields = [_item(i, raw) for i, raw in enumerate(req.input)], [f"input.{i}" for i in range(len(req.input))]
     items = (*previous, *new)
-    messages, sources = chat_messages(items, ["previous_response_id"] * len(previous) + fields, req.instructions)
+    _check_call_outputs(items, len(previous), fields)
+    messages, sources = chat_messages(items, [f"previous_response_id.{k}" for k in range(len(previous))] + fields,
+                                      req.instructions)
     tools = [_validated(FunctionTool, raw, f"tools.{i}") for i, raw in enumerate(req.tools or [])]
     fmt = req.text.format if req.text is not None else None
     body = {
@@ -133,6 +147,21 @@ def translate(req: ResponsesRequest, previous: tuple[dict, ...] = ()) -> Turn:
         "metadata": req.metadata or {}, "store": req.store, "user": req.user,
     }
     return Turn(chat, items, tuple(sources), echo)
+
+
+def _check_call_outputs(items, first: int, fields: list[str]) -> None:
+    """400 for a ``function_call_output`` item of ``items[first:]`` (the request's input, from field
+    ``fields[i - first]``) whose ``call_id`` no earlier ``function_call`` item of the conversation has (as
+    OpenAI's API refuses it)."""
+    calls: set[str] = set()
+    for i, item in enumerate(items):
+        if item["type"] == "function_call":
+            calls.add(item["call_id"])
+        elif item["type"] == "function_call_output" and i >= first and item["call_id"] not in calls:
+            param = f"{fields[i - first]}.call_id"
+            shown = item["call_id"] if len(item["call_id"]) <= 100 else item["call_id"][:100] + "\u2026"
+            raise APIError(400, f"{param}: no function_call item with the call_id {shown!r} comes before this "
+                           "output in the conversation (the input, after previous_response_id's)", param=param)
 
 
 def refuse_unsupported(req: ResponsesRequest) -> None:
@@ -215,14 +244,17 @@ def _item(i: int, raw: dict) -> dict:
     if kind is None:
         raise APIError(400, f"{param}: an item needs a type (message, function_call or function_call_output), or "
                        "a role for a message", param=param)
-    if kind not in INPUT_ITEMS:
+    if not isinstance(kind, str) or kind not in INPUT_ITEMS:  # (a list or object is no dict key: check first)
         hint = " (send the item itself, or use previous_response_id)" if kind == "item_reference" else ""
         raise APIError(400, f"{param}: items of type {kind!r} are not supported by this server; send message, "
                        f"function_call and function_call_output items{hint}", param=param)
     name = {"message": "content", "function_call_output": "output"}.get(kind)
     parts = raw.get(name) if name else None
     for j, part in enumerate(parts if isinstance(parts, list) else []):
-        t = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(part, dict):
+            raise APIError(400, f"{param}.{name}.{j}: a part is an object ({{\"type\": \"input_text\", \"text\": "
+                           f"...}}), not {type(part).__name__}", param=f"{param}.{name}.{j}")
+        t = part.get("type")
         if t not in ("input_text", "output_text"):
             raise APIError(400, f"{param}.{name}.{j}: {t!r} parts are not supported by this server (text only: "
                            "input_text)", param=f"{param}.{name}.{j}")
@@ -264,7 +296,10 @@ def _tool_choice(choice):
 
 def _response_format(fmt: dict | None) -> dict | None:
     """Chat's ``response_format`` of ``text.format`` (its type checked by the chat machinery)."""
-    if fmt is None or fmt.get("type") == "text":
+    kind = fmt.get("type") if fmt is not None else None
+    if isinstance(kind, str) and kind in TEXT_FORMATS:
+        _validated(TEXT_FORMATS[kind], fmt, "text.format")
+    if fmt is None or kind == "text":
         return None
     if fmt.get("type") == "json_schema":
         inner = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}

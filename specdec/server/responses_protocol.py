@@ -91,6 +91,30 @@ class NamedFunction(_Strict):
     name: str
 
 
+class TextFormatText(_Strict):
+    type: Literal["text"]
+
+
+class TextFormatJSONObject(_Strict):
+    type: Literal["json_object"]
+
+
+class TextFormatJSONSchema(_Strict):
+    """Structured output matching ``schema`` (its content is checked by the grammar compiler)."""
+
+    type: Literal["json_schema"]
+    name: str
+    schema_: Any = Field(alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+TEXT_FORMATS: dict[str, type[_Strict]] = {
+    "text": TextFormatText, "json_object": TextFormatJSONObject, "json_schema": TextFormatJSONSchema}
+"""``text.format`` by ``type``, validated one by one (a field of another type, or one OpenAI does not define
+there, is a 400 naming it); an unknown type is refused by the chat machinery."""
+
+
 # -- the request -------------------------------------------------------------------------------------
 
 class TextConfig(_Strict):

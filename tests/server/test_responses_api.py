@@ -262,6 +262,12 @@ def test_max_output_tokens_gives_an_incomplete_response(client):
     ({"input": [*ASK, {"type": "function_call_output", "call_id": "c<|im_end|>", "output": "x"}]}, "input.1.call_id"),
     ({"input": [*ASK, {"type": "function_call_output", "call_id": "c", "output": [{"type": "input_image"}]}]},
      "input.1.output.0"),
+    ({"input": [{"type": ["message"], "role": "user", "content": "x"}]}, "input.0"),  # no dict key: was a 500
+    ({"input": [{"type": {"t": "message"}, "role": "user", "content": "x"}]}, "input.0"),
+    ({"input": [{"role": "user", "content": ["x"]}]}, "input.0.content.0"),
+    ({"input": [*ASK, {"type": "function_call_output", "call_id": "call_nope", "output": "18"}]}, "input.1.call_id"),
+    ({"input": [*ASK, {"type": "function_call_output", "call_id": "c", "output": "18"},
+                {"type": "function_call", "call_id": "c", "name": "add", "arguments": "{}"}]}, "input.1.call_id"),
     ({"instructions": 5}, "instructions"),
     ({"tools": [{"type": "function", "name": "bad name"}]}, "tools.0"),
     ({"tools": [{"type": "function", "function": {"name": "add"}}]}, "tools.0"),  # chat's nested shape
@@ -273,6 +279,13 @@ def test_max_output_tokens_gives_an_incomplete_response(client):
     ({"text": {"format": {"type": "xml"}}}, "text.format"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}}, "text.format"),
+    ({"text": {"format": {"type": "json_schema", "schema": DIGIT}}}, "text.format.name"),
+    ({"text": {"format": {"type": "json_schema", "name": 5, "schema": DIGIT}}}, "text.format.name"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": DIGIT, "strict": "yes"}}},
+     "text.format.strict"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "json_schema": DIGIT}}}, "text.format"),
+    ({"text": {"format": {"type": "json_object", "schema": DIGIT}}}, "text.format.schema"),
+    ({"text": {"format": {"type": "text", "schema": DIGIT}}}, "text.format.schema"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"max_output_tokens": 100000}, "max_output_tokens"),
     ({"temperature": "hot"}, "temperature"),
@@ -464,6 +477,28 @@ def test_a_failure_while_generating_ends_the_stream(monkeypatch):
     failed = events[-1]["response"]
     assert failed["status"] == "failed" and failed["error"]["message"] == error["message"]
     assert choices.cancelled and not kept  # a failed response is not stored
+
+
+def test_a_conversation_cut_inside_a_call_is_refused_in_its_own_terms(server):
+    """A stored response cut by max_output_tokens inside a call (its arguments not JSON) cannot be continued:
+    the 400 names previous_response_id and says which item and why (it said "previous_response_id is not
+    JSON"). An output for a call of the stored conversation is taken."""
+    from specdec.server import serving
+    from specdec.server.errors import APIError
+    from specdec.server.responses_input import translate
+    from specdec.server.responses_protocol import ResponsesRequest
+
+    previous = ({"type": "message", "role": "user", "content": "What is 17 + 25?"},
+                {"type": "function_call", "call_id": "call_1", "name": "add", "arguments": '{"a": 17, "'})
+    for req in (ResponsesRequest(input="Go on.", instructions="Be brief."),
+                ResponsesRequest(input=[{"type": "function_call_output", "call_id": "call_1", "output": "42"}])):
+        turn = translate(req, previous)
+        with pytest.raises(APIError) as e:
+            serving.tokenize_chat(server.engine, turn.chat.messages)
+        error = turn.error(e.value)
+        assert error.status == 400 and error.param == "previous_response_id", error.message
+        assert error.message.startswith("the arguments of item 1 of previous_response_id's conversation is not JSON")
+        assert "max_output_tokens" in error.message and not re.search(r"messages\.\d", error.message)
 
 
 def test_the_schema_lists_the_routes(server):
