@@ -151,9 +151,11 @@ class HermesFormat:
     CLOSE = "</tool_call>"
     HEAD = re.compile(rf'\n\{{"name": "({NAME})", "arguments": ')
     HEAD_PREFIX = _prefixes('\n{"name": "', _NAME, '", "arguments": ')
+    HEAD_NAME = re.compile(rf'\n\{{"name": "({NAME})"')  # an answer cut after the name: a call with no arguments
     TAIL = "}\n" + CLOSE
     CODE_OPEN = re.compile(r'```json\n\{[ \t\n]*"name"[ \t\n]*:[ \t\n]*"')
     CODE_HEAD = re.compile(rf'({NAME})"[ \t\n]*,[ \t\n]*"arguments"[ \t\n]*:[ \t\n]*')
+    CODE_HEAD_NAME = re.compile(rf'({NAME})"')
     CODE_HEAD_PREFIX = _prefixes(_NAME, '"', _WS, ",", _WS, '"arguments"', _WS, ":")
     CODE_TAIL = re.compile(r'[ \t\n]*\}[ \t\n]*```')
     BARE_OPEN = re.compile(r'[ \t\n]*\{[ \t\n]*"name"[ \t\n]*:[ \t\n]*"')
@@ -339,10 +341,14 @@ class ToolCallStream:
     def _head(self, text: str, opened: int, form: str, final: bool) -> re.Match | bool:
         """The head of the call opened at ``opened`` (its match; group 1 the name); True while the text
         may still become the head of a call to one of :attr:`names`; False when it cannot (or the answer
-        ended first): the opening is text."""
+        ended before the name did): the opening is text. An answer that ended inside the head after the name
+        gets the match of the name alone (:attr:`HermesFormat.HEAD_NAME`): a call with no arguments, cut short."""
         f = self.fmt
         head, prefixes = (f.HEAD, f.HEAD_PREFIX) if form == "tag" else (f.CODE_HEAD, f.CODE_HEAD_PREFIX)
         m = head.match(text, opened)
+        if m is None and final and prefixes.fullmatch(text, opened) is not None:
+            # the answer ended (max_tokens) inside the head, after the name: a call cut short, not text
+            m = (f.HEAD_NAME if form == "tag" else f.CODE_HEAD_NAME).match(text, opened)
         if m is not None:
             return m if self.names is None or m.group(1) in self.names else False
         return not final and prefixes.fullmatch(text, opened) is not None
@@ -352,6 +358,8 @@ class ToolCallStream:
         answer cut inside a call (``final``) keeps the arguments written, less a closing part that had
         begun."""
         f, name = self.fmt, head.group(1)
+        if head.re in (f.HEAD_NAME, f.CODE_HEAD_NAME):  # cut short after the name (see _head)
+            return name, "", None
         if form != "tag":  # arguments go out whole: the model's own layout, any whitespace
             try:
                 _, after = json.JSONDecoder().raw_decode(text, head.end())

@@ -156,6 +156,26 @@ def test_parse_whole_answers():
     assert parse_tool_calls('x {{"name": "add", "arguments": {}}}')[1] == []  # only as the whole answer
 
 
+
+@pytest.mark.parametrize("text", [
+    '<tool_call>\n{"name": "add"', '<tool_call>\n{"name": "add", "argu', '```json\n{"name": "add",',
+    '{"name": "add", "arguments"', '{{"name": "add", ',
+])
+def test_an_answer_cut_after_the_name_is_a_call_without_arguments(text):
+    """``max_tokens`` ending the answer inside a call's head, after its name: a call cut short (no arguments,
+    ``complete=False``, as OpenAI returns a call cut by the length), not the call's markup as text; streamed
+    the same."""
+    content, calls = parse_tool_calls(text)
+    assert content is None and [(c.name, c.arguments, c.complete) for c in calls] == [("add", "", False)]
+    stream = ToolCallStream(names={"add"})
+    pieces = [stream.feed(c) for c in text] + [stream.finish()]
+    assert "".join(p[0] for p in pieces) == "" and [(c.name, c.arguments, c.complete) for c in stream.calls] == [
+        ("add", "", False)]
+    for before in ('<tool_call>\n{"name": "ad', '<tool_call>\n{"na'):  # the name itself cut: text
+        assert parse_tool_calls(before) == (before, [])
+    assert parse_tool_calls(text, names={"sub"}) == (text, [])  # a function the request lacks: text
+
+
 def test_doubled_braces_are_a_call_and_end_the_answer(vocab):
     """Issue 48: the default model copied its template's ``{{"name": ...}}`` and the agent never got a call.
     Under auto the doubled form is a call valid against its schema, closed by two braces, and the answer

@@ -5,8 +5,8 @@ each with one edit that touches a few lines (rename a function everywhere), the 
 code block the answer is asked for, as the prediction. Methods: plain, `auto`, `auto` with the prediction,
 interleaved and alternated, greedy.
 
-Run from the repository root on a quiet machine: python3 docs/bench/prediction/files.py (table on stdout,
-per-run lines on stderr)."""
+Run from the repository root on a quiet machine: python3 docs/bench/prediction/files.py [FILE ...] (table on
+stdout, per-run lines on stderr; FILE: copy.py and/or filecmp.py, default both)."""
 import dataclasses
 import os
 import statistics
@@ -20,6 +20,7 @@ from specdec.params import SamplingParams, SpecConfig
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 EDITS = [("copy.py", "_deepcopy_dict", "_deepcopy_mapping"), ("filecmp.py", "cmpfiles", "compare_files")]
+EDITS = [e for e in EDITS if len(sys.argv) < 2 or e[0] in sys.argv[1:]]
 ASK = ("Rename the function `{old}` to `{new}` everywhere in this file (its definition and every use). Change "
        "nothing else. Reply with the whole file in one Python code block and nothing else.\n\n```python\n{code}```")
 
