@@ -61,3 +61,17 @@ def test_cli_refuses_an_unreadable_prediction_in_one_line(tmp_path):
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
         assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_cli_refuses_a_prediction_longer_than_the_context_in_one_line(tmp_path, tiny_target_path, tiny_draft_path):
+    """As the server's 400: a prediction of more tokens than the context is refused, after tokenizing, in one line."""
+    import subprocess
+    import sys
+
+    long = tmp_path / "long.txt"
+    long.write_text("hello world " * 400)
+    p = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "hi", "--raw", "--prediction", str(long),
+                        "--target", str(tiny_target_path), "--draft", str(tiny_draft_path), "--n-ctx", "256",
+                        "--max-tokens", "4"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "longer than the context (256" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1

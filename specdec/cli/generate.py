@@ -110,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
     params = sampling_params_from_args(args)
     predicted = read_prediction(args.prediction)
     if args.explain:
+        if args.stream:
+            raise ValueError("--explain prints a line a step on stderr, which --stream's text would interleave "
+                             "with: use one of them")
         if spec.method != "auto":
             raise ValueError(f"--explain shows auto's decisions; --method {spec.method} makes none")
         enable_explain()
@@ -120,7 +123,11 @@ def run(args: argparse.Namespace) -> int:
     n_seq_max, cells = one_request_layout(spec, args.backend, args.n_ctx, args.numerics)
     engine = load_engine_from_args(args, spec, n_seq_max=n_seq_max, kv_cells=cells)
     if predicted is not None:
-        spec = dataclasses.replace(spec, prediction=engine.tokenize(predicted))
+        ids = engine.tokenize(predicted, special=False)  # output text: control tokens' names stay text, as served
+        if len(ids) > engine.n_ctx:
+            raise ValueError(f"--prediction: {args.prediction} is {len(ids)} tokens, longer than the context "
+                             f"({engine.n_ctx}; --n-ctx)")
+        spec = dataclasses.replace(spec, prediction=tuple(ids))
     chat = not args.raw
     label = f"speculative decoding: {spec.method}, k={spec.k}" if spec.k else "plain decoding"
     if args.stream:

@@ -84,6 +84,12 @@ from specdec.policy.refresh import AGE_N_MAX, RefreshSchedule, plain_level
 from specdec.policy.timing import CALL_N_MAX, TimingTable
 from specdec.types import ALONE, Load
 
+INVERSION_FACTOR = 4.0
+"""A size of fewer than 3 samples measured at more than this many times a larger size was taken under other
+conditions, and is forgotten (:meth:`CostModel._forget_inverted`): more than sharing the cores explains (one
+core taken by another process halves a step's speed here: docs/bench/contention), as a first call that
+carried one-time costs does (measured: 2.6 s against ~0.11 s)."""
+
 CURVE_TOLERANCE = 0.01
 """Relative move of a measured size's mean that makes the cost model recompute its priced curve."""
 
@@ -180,8 +186,26 @@ class CostModel:
         refresh.remeasured(table, n, seconds)
         if table.observe(n, seconds, refresh.now, math.nan if n == 1 else plain_level(table)):
             self._reprice(greedy, n)
+            self._forget_inverted(greedy, n)
         if due:
             self._forget_stale()
+
+    def _forget_inverted(self, greedy: bool, n: int) -> None:
+        """Forget the smaller sizes of fewer than 3 samples whose mean is above :data:`INVERSION_FACTOR` times size
+        ``n``'s: scoring fewer tokens never costs that much more, so their few samples carried one-time costs,
+        and a plain step measures ``S(1)`` again. (A size of 3 samples or more, and smaller inversions, are the
+        refresh schedule's to judge: :mod:`specdec.policy.refresh`.) Without
+        this, a fresh engine whose first one-token step took 2.6 s against ~0.11 s after (another process busy
+        on both cores) priced every plain step at 2.6 s, drafted at every step and never measured ``S(1)``
+        again: 0.32x plain decoding on a prose prompt."""
+        table = self.target[greedy]
+        smaller = np.flatnonzero(table.count[1:n]) + 1
+        stale = smaller[(table.count[smaller] < 3) & (table.mean[smaller] > INVERSION_FACTOR * table.mean[n])]
+        if len(stale):
+            table.forget(stale)
+            for m in stale:
+                self._priced.pop((greedy, int(m)), None)
+            self._version += 1
 
     def _reprice(self, greedy: bool, n: int) -> None:
         """Bump :attr:`version` when size ``n``'s mean is new or moved (see :meth:`observe_target`)."""

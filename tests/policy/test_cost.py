@@ -87,6 +87,26 @@ def test_timing_table_interpolates_and_bounds_unmeasured_sizes():
     assert t.estimate(1) <= 0.035 * 1.2 + 1e-9
 
 
+def test_a_plain_step_measured_far_above_a_larger_call_is_measured_again():
+    """A fresh process's first one-token step took 2.6 s (another process busy on both cores) against ~0.11 s
+    after; priced at that, a plain step looked 20x dearer than a two-token one and ``auto`` drafted at every step,
+    never measuring S(1) again (0.32x plain decoding on a prose prompt). Scoring fewer tokens never costs 4x more
+    (INVERSION_FACTOR): such a size of few samples is forgotten, and the next step is plain, measuring it again."""
+    cost = CostModel()
+    cost.observe_target(1, 2.6, True)
+    p = AutoProposer(cost_model=cost)
+    assert p.choose([5, 6], 2, 8, {}, True).source == "ngram"  # plain priced at 2.6 s: anything drafts
+    v = cost.version
+    cost.observe_target(3, 0.12, True)
+    assert cost.target[True].count[1] == 0 and cost.version > v  # forgotten: estimated from S(3) until measured
+    assert p.choose([5, 6], 2, 8, {}, True).source is None  # so the next step is plain, and measures it
+    cost.observe_target(1, 0.10, True)
+    assert cost.step_seconds(1, True) == pytest.approx(0.10)
+    for _ in range(4):
+        cost.observe_target(2, 0.04, True)  # 2.5x: busy samples scatter that much; the refresh schedule's to judge
+    assert cost.target[True].count[1] == 1
+
+
 def test_acceptance_stats_learn_follow_and_shrink():
     pool = AcceptanceStats(0.5, decay=1.0, strength=4.0)
     s = AcceptanceStats(0.5, parent=pool, decay=0.9)

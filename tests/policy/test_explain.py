@@ -81,3 +81,11 @@ def test_explain_is_refused_where_auto_makes_no_decisions(capsys):
     assert main(["generate", "hello", "--method", "ngram", "--explain"]) != 0
     err = capsys.readouterr().err
     assert "--explain" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_explain_and_stream_are_one_or_the_other(capsys):
+    from specdec.cli import main
+
+    assert main(["generate", "hello", "--explain", "--stream"]) != 0
+    err = capsys.readouterr().err
+    assert "--explain" in err and "--stream" in err and len(err.strip().splitlines()) == 1
