@@ -1,5 +1,4 @@
-"""A first one-token target call that took 2.5 s longer (one-time costs, or another process busy on both cores: a new user saw 2.6 s against ~0.11 s after), forced by a sleep: auto against plain decoding on a prose prompt, 24 tokens, the injected delay left out. Run from the repository root: python3 docs/bench/invariance/first_step_outlier.py
-busy machine); auto vs plain decoding on a prose prompt, 24 tokens."""
+"""A first one-token target call that took 2.5 s longer (one-time costs, or another process busy on both cores: a new user saw 2.6 s against ~0.11 s after), forced by a sleep: auto against plain decoding on a prose prompt, 24 tokens, the injected delay left out. Run from the repository root: python3 docs/bench/invariance/first_step_outlier.py"""
 import time
 from specdec.api import load_engine
 from specdec.params import SamplingParams, SpecConfig
