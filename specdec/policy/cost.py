@@ -199,13 +199,16 @@ class CostModel:
         on both cores) priced every plain step at 2.6 s, drafted at every step and never measured ``S(1)``
         again: 0.32x plain decoding on a prose prompt."""
         table = self.target[greedy]
-        smaller = np.flatnonzero(table.count[1:n]) + 1
-        stale = smaller[(table.count[smaller] < 3) & (table.mean[smaller] > INVERSION_FACTOR * table.mean[n])]
+        stale = table.inverted(n, INVERSION_FACTOR)
         if len(stale):
             table.forget(stale)
-            for m in stale:
-                self._priced.pop((greedy, int(m)), None)
-            self._version += 1
+            self._unprice(greedy, stale)
+
+    def _unprice(self, greedy: bool, sizes) -> None:
+        """After ``sizes`` (ints) of the ``greedy`` target table were forgotten: the priced curve follows."""
+        for m in sizes:
+            self._priced.pop((greedy, int(m)), None)
+        self._version += 1
 
     def _reprice(self, greedy: bool, n: int) -> None:
         """Bump :attr:`version` when size ``n``'s mean is new or moved (see :meth:`observe_target`)."""
@@ -231,10 +234,9 @@ class CostModel:
         for greedy, table in self.target.items():
             for t, sizes in forgot:
                 if t is table:
-                    for n in sizes:
-                        self._priced.pop((greedy, int(n)), None)
+                    self._unprice(greedy, sizes)
         if forgot:
-            self._version += 1
+            self._version += 1  # (a drafter's timing alone moves the curve's inputs too)
 
     def observe_shared(self, n_tokens: int, n_sequences: int, n_prompt: int, seconds: float, greedy: bool) -> None:
         """The same call for :attr:`shared` (``n_prompt``: its prompt-chunk tokens). The priced curve is

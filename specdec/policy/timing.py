@@ -79,6 +79,15 @@ class TimingTable:
         self.count[sizes], self.mean[sizes] = 0, 0.0
         self._measured = bool(self.count.any())
 
+    def inverted(self, n: int, factor: float) -> np.ndarray:
+        """``[m] int64``: the sizes below ``n`` with fewer than 3 samples whose mean is above ``factor`` times size
+        ``n``'s (scoring fewer tokens never costs that much more: samples that carried one-time costs); empty when
+        ``n`` is unmeasured or the smallest size."""
+        if not (1 < n <= self.n_max and self.count[n]):
+            return np.zeros(0, np.int64)
+        smaller = np.flatnonzero(self.count[1:n]) + 1
+        return smaller[(self.count[smaller] < 3) & (self.mean[smaller] > factor * self.mean[n])]
+
     @property
     def measured(self) -> bool:
         """True once any size has a sample."""
