@@ -75,3 +75,17 @@ def test_cli_refuses_a_prediction_longer_than_the_context_in_one_line(tmp_path, 
                         "--max-tokens", "4"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "longer than the context (256" in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_cli_refuses_a_prediction_that_the_method_would_ignore(tmp_path):
+    """Only ``auto`` drafts from a prediction: with another method ``--prediction`` would be ignored silently, so
+    the CLI says so in one line (the server keeps OpenAI's field as a hint, documented in docs/prediction.md)."""
+    import subprocess
+    import sys
+
+    pred = tmp_path / "pred.txt"
+    pred.write_text("def f():\n    return 1\n")
+    p = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "hi", "--prediction", str(pred),
+                        "--method", "ngram"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--method ngram" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1

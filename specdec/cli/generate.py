@@ -109,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("the prompt is empty")
     params = sampling_params_from_args(args)
     predicted = read_prediction(args.prediction)
+    if predicted is not None and spec.method != "auto":
+        raise ValueError(f"--prediction is a source of auto's drafts; --method {spec.method} would ignore it "
+                         f"(use --method auto)")
     if args.explain:
         if args.stream:
             raise ValueError("--explain prints a line a step on stderr, which --stream's text would interleave "
