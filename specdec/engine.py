@@ -16,6 +16,7 @@ from typing import Iterator, Sequence
 from specdec.policy.cost import CostModel
 from specdec.backends.base import Backend
 from specdec.backends.chat_template import chat_pieces, encode_pieces, template_roles
+from specdec.backends.vocab_map import mapped
 from specdec.grammar import GrammarSpec, vocabulary_of
 from specdec.output import StreamChunk
 from specdec.params import SamplingParams, SpecConfig
@@ -46,20 +47,22 @@ class Engine:
     Args:
         target: The target model's backend.
         draft: The draft model's backend, or a sequence of them (several drafters); each must share the
-            target's vocabulary. ``method="auto"`` weighs every drafter each step; single-drafter methods
-            (``draft``, ``hybrid``) use the first.
+            target's vocabulary, or map its own into it (``Backend.vocab_map``, FR-Spec drafters of
+            ``specdec make-draft --top-tokens``: :mod:`specdec.backends.vocab_map`). ``method="auto"`` weighs
+            every drafter each step; single-drafter methods (``draft``, ``hybrid``) use the first.
         spec: Default proposer settings; a request may override them.
 
     Raises:
-        ValueError: when a draft's vocabulary differs from the target's, or ``spec`` needs a draft
-            model and there is none.
+        ValueError: when a draft's vocabulary differs from the target's (or its map is malformed), or ``spec``
+            needs a draft model and there is none.
     """
 
     def __init__(self, target: Backend, draft: Backend | Sequence[Backend] | None = None,
                  spec: SpecConfig | None = None):
         self.target = target
-        self.drafts: tuple[Backend, ...] = (() if draft is None else tuple(draft) if isinstance(draft, (list, tuple))
-                                            else (draft,))
+        drafts = () if draft is None else tuple(draft) if isinstance(draft, (list, tuple)) else (draft,)
+        # a drafter over part of the target's vocabulary (FR-Spec) is used in the target's ids
+        self.drafts: tuple[Backend, ...] = tuple(mapped(target, d) for d in drafts)
         self.draft = self.drafts[0] if self.drafts else None  # the first drafter (single-drafter methods)
         self.spec = spec or SpecConfig()  # auto: n-gram lookup, the draft models if any, k by cost
         for d in self.drafts:

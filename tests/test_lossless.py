@@ -74,7 +74,10 @@ GGUF_CELLS = [("combined_all", 3, "draft", "token"), ("combined_all", 5, "draft"
               ("top_p", 4, "suffix", "gumbel"), ("combined_all", 4, "suffix-tree", "block")]
 HF_CELLS = GGUF_CELLS + [("temperature", 1, "draft", "token"), ("top_p", 3, "ngram", "block")]
 GGUF_LIBS = {"gguf": "llama.cpp", "ik": "ik_llama.cpp"}  # the cells' backend key -> GGUF backend
-ALPHA = FWER / (len(MATRIX) + len(GGUF_LIBS) * len(GGUF_CELLS) + len(HF_CELLS))
+FRSPEC_CELLS = [("combined_all", 3, "draft", "token"), ("temperature", 4, "draft", "block"),
+                ("top_p", 3, "draft", "gumbel")]
+"""Cells run with an FR-Spec drafter (the draft model cut to its 200 lowest ids and the 3 control tokens of 283)."""
+ALPHA = FWER / (len(MATRIX) + len(GGUF_LIBS) * len(GGUF_CELLS) + len(HF_CELLS) + len(FRSPEC_CELLS))
 
 
 def cell_seed(*key) -> int:
@@ -192,6 +195,31 @@ def test_lossless_tiny_backends(request, backend, name, k, method, verify):
     assert len(table.probs) >= 4
     assert stats["proposed"] > 0 and stats["accepted"] > 0, stats
     assert fit.p_value > ALPHA, (backend, name, k, method, verify, fit.chi2, fit.dof, fit.p_value, fit.tv, stats)
+
+
+@pytest.fixture(scope="module")
+def frspec_pair(lossless_gguf_paths, tmp_path_factory):
+    """The GGUF pair with the draft cut to 200 tokens (``make-draft --top-tokens``), through llama.cpp."""
+    from specdec.cli.top_tokens import write_top_tokens
+
+    cut = tmp_path_factory.mktemp("frspec") / "draft-top200.gguf"
+    write_top_tokens(lossless_gguf_paths[1], cut, 200)
+    yield from gguf_backend_pair((lossless_gguf_paths[0], cut), "llama.cpp")
+
+
+@pytest.mark.parametrize("name, k, method, verify", FRSPEC_CELLS)
+def test_lossless_frspec_drafter(frspec_pair, name, k, method, verify):
+    """A drafter over part of the vocabulary (q = 0 outside it, renormalized inside): the target's tokens
+    outside the set come back through the residual, so the output distribution is still exactly the target's."""
+    engine, prompt, logits_after = frspec_pair
+    assert len(engine.draft.vocab_map) == 200 and any(t not in set(engine.draft.vocab_map) for t in prompt)
+    eog = sorted(engine.target.eog_ids)
+    bias = {eog[0] if t == EOG else t: b for t, b in SETTINGS[name].logit_bias.items()}
+    params = SETTINGS[name].replace(logit_bias=bias, seed=cell_seed("frspec", name, k, method, verify))
+    table, fit, stats = run_cell(engine, prompt, logits_after, params, k, method, verify, n=GGUF_N)
+    assert len(table.probs) >= 4
+    assert stats["proposed"] > 0 and stats["accepted"] > 0, stats
+    assert fit.p_value > ALPHA, (name, k, method, verify, fit.chi2, fit.dof, fit.p_value, fit.tv, stats)
 
 
 # -- power: the same test rejects lossy engines -------------------------------------------------------

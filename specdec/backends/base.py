@@ -86,6 +86,8 @@ class Backend(SequencePool, PrefixCaching, Protocol):
         numerics: ``"exact"`` when a row's logits depend on its own sequence's tokens only, whatever else
             the call holds and however it is split (batch-invariant scoring, :mod:`specdec.backends.ik_exact`);
             ``"fast"`` when they may change with the call's shape.
+        vocab_map: ``[n_vocab] int64``, this model's token id -> id in the vocabulary it was cut from, for a
+            drafter over part of its target's vocabulary (FR-Spec; :mod:`specdec.backends.vocab_map`), else None.
     """
 
     n_vocab: int
@@ -93,6 +95,7 @@ class Backend(SequencePool, PrefixCaching, Protocol):
     eog_ids: frozenset[int]
     name: str
     numerics: str
+    vocab_map: np.ndarray | None
 
     def new_sequence(self) -> int:
         """Reserve an empty sequence and return its id. Raises BackendError when none is free."""
@@ -169,6 +172,7 @@ class SequenceBook(SequencePool, PrefixCaching):
     eog_ids: frozenset[int]
     name: str
     numerics = "fast"  # see Backend.numerics
+    vocab_map: np.ndarray | None = None  # see Backend.vocab_map
 
     def _init_book(self) -> None:
         self.closed = False  # set by the backend's close(): every later call raises BackendError

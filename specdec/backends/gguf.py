@@ -22,6 +22,7 @@ import numpy as np
 from specdec.backends.base import BackendError, CacheFullError, SequenceBook
 from specdec.backends.chat_template import ChatTemplate
 from specdec.backends.threads import ThreadTuner
+from specdec.backends.vocab_map import SOURCE_SIZE_KEY, read_vocab_map
 
 # enum llama_token_attr: the same bits in llama.cpp's and ik_llama.cpp's include/llama.h
 TOKEN_ATTR_UNKNOWN = 1 << 0
@@ -105,6 +106,11 @@ class GGUFBackend(SequenceBook):
         """The model's training context in tokens (0 when the file does not say)."""
         raise NotImplementedError
 
+    def _lib_meta_str(self, key: bytes, buf, size: int) -> int:
+        """``llama_model_meta_val_str``: a scalar metadata value as text into ``buf``; its length, or -1 when
+        the file has no such key (arrays are never found)."""
+        raise NotImplementedError
+
     # -- set-up ----------------------------------------------------------------------------------
     def _check_training_context(self, n_ctx: int) -> None:
         """Once the model is loaded: refuse (and free it) when ``n_ctx`` is over its training context.
@@ -127,6 +133,10 @@ class GGUFBackend(SequenceBook):
         self._piece_cache: list[bytes | None] = [None] * n_vocab
         self._template: ChatTemplate | None = None
         self._control_texts: frozenset[str] | None = None
+        # a drafter over part of a vocabulary (make-draft --top-tokens): the scalar says, the header has the map
+        buf = ctypes.create_string_buffer(32)
+        has_map = self._lib_meta_str(SOURCE_SIZE_KEY.encode(), buf, len(buf)) >= 0
+        self.vocab_map = read_vocab_map(self.path) if has_map else None
 
     @property
     def threads_now(self) -> int:

@@ -573,6 +573,9 @@ class IkLlamaCppBackend(GGUFBackend):
     def _lib_n_ctx_train(self) -> int:
         return self._lib.llama_n_ctx_train(self._model)
 
+    def _lib_meta_str(self, key: bytes, buf, size: int) -> int:
+        return self._lib.llama_model_meta_val_str(self._model, key, buf, size)
+
     def _lib_free(self) -> None:
         if getattr(self, "_batch_live", False):
             self._lib.llama_batch_free(self._batch)

@@ -218,6 +218,9 @@ class LlamaCppBackend(GGUFBackend):
     def _lib_n_ctx_train(self) -> int:
         return lc.llama_model_n_ctx_train(self._model)
 
+    def _lib_meta_str(self, key: bytes, buf, size: int) -> int:
+        return lc.llama_model_meta_val_str(self._model, key, buf, size)
+
     def _lib_free(self) -> None:
         if getattr(self, "_batch_live", False):
             lc.llama_batch_free(self._batch)

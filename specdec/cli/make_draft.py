@@ -1,7 +1,9 @@
-"""``specdec make-draft``: write a GGUF drafter from an existing GGUF model (same vocabulary, so it can be
+"""``specdec make-draft``: write a GGUF drafter from an existing GGUF model (its vocabulary or part of it, so it can be
 given as ``--draft``): a smaller quantization (``--quantize``, through llama-cpp-python's
 ``llama_model_quantize`` with ``allow_requantize``) or a subset of its blocks (``--layers``: the first N
-or a list, renumbered, ``<arch>.block_count`` fixed; written with the ``gguf`` package). ``--layers
+or a list, renumbered, ``<arch>.block_count`` fixed; written with the ``gguf`` package), and/or a vocabulary
+of its N most frequent tokens (``--top-tokens``, FR-Spec: :mod:`specdec.cli.top_tokens`; the engine maps its
+ids to the target's). ``--layers
 search:N`` chooses the N blocks by measured acceptance: a few candidate subsets (the first N; the first
 N-j with the last j, since the last blocks shape what the LM head reads, as Draft & Verify, Zhang et al.
 2023, arXiv 2309.08168, and LayerSkip's early exits keep them; evenly spaced) are each written, drafted
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Iterator
 
 from specdec.backends.cpu import check_threads
+from specdec.cli.top_tokens import write_top_tokens
 from specdec.stats import acceptance_rate
 
 QUANT_TYPES = ("Q4_0", "Q3_K_S", "Q3_K_M", "Q2_K")
@@ -35,15 +38,20 @@ _BLOCK = re.compile(r"^blk\.(\d+)\.(.*)$")
 
 def add_parser(sub) -> None:
     """Register ``make-draft`` on the subcommand parsers ``sub``."""
-    p = sub.add_parser("make-draft", help="write a GGUF drafter (smaller quantization or fewer layers)",
+    p = sub.add_parser("make-draft", help="write a GGUF drafter (smaller quantization, fewer layers, fewer tokens)",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("model", help="the source GGUF file")
     p.add_argument("output", help="the drafter GGUF file to write")
-    how = p.add_mutually_exclusive_group(required=True)
+    how = p.add_mutually_exclusive_group()
     how.add_argument("--quantize", choices=QUANT_TYPES, help="requantize every tensor to this type")
     how.add_argument("--layers", metavar="N|I,J,...|search:N",
                      help="keep the first N blocks, these block indices, or the N blocks of highest measured "
                           "acceptance among a few candidate subsets (search:N)")
+    p.add_argument("--top-tokens", type=int, metavar="N",
+                   help="keep the N most frequent tokens of the vocabulary, special tokens included (FR-Spec; "
+                        "after --quantize or --layers when given with one)")
+    p.add_argument("--corpus", nargs="+", metavar="FILE",
+                   help="text files whose token counts rank --top-tokens (default: token id order, BPE merge order)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output")
     p.add_argument("--threads", type=int, default=0, help="quantization threads (default 0: all cores)")
     p.add_argument("--backend", default=None, help="backend of the layer search (default: specdec's default)")
@@ -61,17 +69,26 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("the output must differ from the model")
     if args.backend is not None and not (args.layers or "").startswith("search:"):
         raise ValueError("--backend applies to --layers search:N only (the other ways only write a file)")
+    if args.corpus and args.top_tokens is None:
+        raise ValueError("--corpus ranks --top-tokens; give --top-tokens N too")
+    if not (args.quantize or args.layers or args.top_tokens is not None):
+        raise ValueError("say what to make: --quantize, --layers and/or --top-tokens")
     if args.threads:  # 0: all cores
         check_threads(args.threads, "--threads")
-    with _atomic(out) as tmp:
-        if args.quantize:
-            quantize(src, tmp, args.quantize, args.threads)
-        elif args.layers.startswith("search:"):
-            best = search_layers(src, args.layers.partition(":")[2], out.parent, args.backend,
-                                 args.threads or None)
-            keep_layers(src, tmp, best)
-        else:
-            keep_layers(src, tmp, args.layers)
+    with _atomic(out) as tmp, tempfile.TemporaryDirectory(prefix=".make-draft-", dir=out.parent) as work:
+        step = src
+        if args.quantize or args.layers:  # into the output, or first into a step before the vocabulary is cut
+            step = tmp if args.top_tokens is None else Path(work) / "step.gguf"
+            if args.quantize:
+                quantize(src, step, args.quantize, args.threads)
+            elif args.layers.startswith("search:"):
+                best = search_layers(src, args.layers.partition(":")[2], out.parent, args.backend,
+                                     args.threads or None)
+                keep_layers(src, step, best)
+            else:
+                keep_layers(src, step, args.layers)
+        if args.top_tokens is not None:
+            write_top_tokens(step, tmp, args.top_tokens, args.corpus or ())
     print(out)
     return 0
 

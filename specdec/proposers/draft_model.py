@@ -4,7 +4,9 @@ Each draft token is drawn from q, the draft's logits processed by the SAME rules
 (:class:`~specdec.sampling.SamplingState`: penalties, logit_bias, min_tokens, then temperature, min-p,
 top-k, top-p), with the SAME history: draft i follows the committed tokens and drafts 1..i-1, exactly
 like the target's row i. Losslessness needs only that q is the distribution the drafts were drawn from;
-matching the target's processing is what keeps acceptance high. At temperature 0 the draft takes the
+matching the target's processing is what keeps acceptance high. A drafter over part of the target's
+vocabulary (FR-Spec, :mod:`specdec.backends.vocab_map`) gives ``-inf`` logits outside it, so its q is zero
+there; a row with nothing allowed ends the proposal. At temperature 0 the draft takes the
 argmax of its processed logits and no q is returned. The draft's KV cache is rolled back through
 :class:`~specdec.backends.base.SequenceCache`, which also covers the all-accepted case where the draft
 never evaluated its own last draft token.
@@ -38,7 +40,7 @@ from specdec.proposers.base import EMPTY_PROPOSAL, DraftCost, Draws, Outcome, Pr
 from specdec.proposers.ngram import NgramIndex
 from specdec.backends.prefix import common_prefix
 from specdec.grammar import vocabulary_of
-from specdec.sampling import SamplingState
+from specdec.sampling import NoValidTokenError, SamplingState
 from specdec.types import ALONE, Load
 
 
@@ -121,16 +123,19 @@ class DraftModelProposer:
             calls += 1
             for j in range(len(guess) + 1):  # row j: the draft's next token after guess[:j]
                 logits = block[j : j + 1]
-                if params.greedy:
-                    tok = int(state.argmax(logits, tokens)[0])
-                    if self.p_min > 0 and _top_probability(logits[0]) < self.p_min:
-                        stopped = True
-                        break
-                else:
-                    q = state.probs(logits, tokens)[0]  # [V] float64, history: context + tokens so far
-                    if self.p_min > 0 and q.max() < self.p_min:
-                        stopped = True
-                        break
+                try:
+                    if params.greedy:
+                        tok = int(state.argmax(logits, tokens)[0])
+                        unsure = self.p_min > 0 and _top_probability(logits[0]) < self.p_min
+                    else:
+                        q = state.probs(logits, tokens)[0]  # [V] float64, history: context + tokens so far
+                        unsure = self.p_min > 0 and q.max() < self.p_min
+                except NoValidTokenError:  # nothing allowed within the draft's vocabulary (an FR-Spec drafter
+                    unsure = True  # under a grammar): the proposal ends here, the target goes on
+                if unsure:
+                    stopped = True
+                    break
+                if not params.greedy:
                     tok = draws.pick(q, len(tokens))
                     if draws.needs_probs:
                         rows.append(q)

@@ -1,0 +1,87 @@
+"""FR-Spec drafters seen in the target's ids (:mod:`specdec.backends.vocab_map`): the map read from the file,
+ids in and logits out round-trip, stand-ins for tokens outside the set, and malformed maps refused in one line."""
+
+import numpy as np
+import pytest
+from conftest import tiny_backend
+
+from specdec.backends.vocab_map import MappedDraft, check_map, mapped, read_vocab_map
+from specdec.cli.top_tokens import write_top_tokens
+from specdec.engine import Engine
+from specdec.params import SpecConfig
+
+N = 250  # of the tiny vocabulary's 283: ids 0..246 and the 3 control tokens 280..282
+
+
+@pytest.fixture(scope="module")
+def cut_path(tiny_target_path, tmp_path_factory):
+    path = tmp_path_factory.mktemp("cut") / "cut.gguf"
+    write_top_tokens(tiny_target_path, path, N)
+    return path
+
+
+def test_read_vocab_map(cut_path, tiny_target_path, tmp_path):
+    assert read_vocab_map(cut_path).tolist() == list(range(N - 3)) + [280, 281, 282]
+    assert read_vocab_map(tiny_target_path) is None
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGML" + bytes(40))
+    with pytest.raises(ValueError, match="not a little-endian GGUF"):
+        read_vocab_map(bad)
+
+
+def test_logits_and_ids_round_trip(cut_path, tiny_target, gguf_backend):
+    """The target cut to N tokens, in the target's ids: on in-set tokens its logits are the target's at the kept
+    columns and -inf elsewhere (same weights, same rows); its eog ids are the target's."""
+    with tiny_backend(cut_path, gguf_backend) as draft:
+        view = mapped(tiny_target, draft)
+        assert isinstance(view, MappedDraft) and view.n_vocab == tiny_target.n_vocab
+        assert view.eog_ids == tiny_target.eog_ids and view.vocab_fingerprint() == tiny_target.vocab_fingerprint()
+        keep = view.vocab_map
+        assert view.draft_ids(keep.tolist()) == list(range(N))
+        ids = [51, 71, 68, 3, 80, 84, 72, 66, 74, 246]  # in the set: byte tokens and a kept merge
+        s, t = view.new_sequence(), tiny_target.new_sequence()
+        try:
+            got = view.eval({s: (ids, len(ids))})[s]  # [n, V] float32
+            want = tiny_target.eval({t: (ids, len(ids))})[t]
+        finally:
+            view.free_sequence(s)
+            tiny_target.free_sequence(t)
+        assert got.shape == want.shape and got.dtype == np.float32
+        np.testing.assert_allclose(got[:, keep], want[:, keep], rtol=1e-4, atol=1e-4)
+        outside = np.setdiff1d(np.arange(tiny_target.n_vocab), keep)
+        assert np.isneginf(got[:, outside]).all()
+
+
+def test_stand_in_is_the_longest_kept_prefix(cut_path, tiny_target):
+    with tiny_backend(cut_path) as draft:
+        view = mapped(tiny_target, draft)
+        tokens = [tiny_target.token_bytes(i) for i in range(tiny_target.n_vocab)]
+        for t in range(N - 3, 280):  # the cut ones: bytes 247..255 (no shorter token) and merges
+            d = view.stand_in(t)
+            if len(tokens[t]) == 1:
+                assert d == 0  # the fixed fallback: the kept token of lowest id
+                continue
+            kept = tokens[int(view.vocab_map[d])]
+            assert tokens[t].startswith(kept) and len(kept) < len(tokens[t])
+            assert not any(tokens[t].startswith(tokens[k]) and len(tokens[k]) > len(kept)
+                           for k in view.vocab_map if 0 < len(tokens[k]) < len(tokens[t])), t
+        assert view.draft_ids([N - 3, 0]) == [view.stand_in(N - 3), 0]
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    (lambda m: m[:-1], "249 entries for 250 tokens"), (lambda m: np.r_[m[:-1], 10_000], "outside the target's ids"),
+    (lambda m: np.r_[m[:-1], m[0]], "two draft tokens to one target token"),
+    (lambda m: np.roll(m, 1), "maps to the target's token"),
+])
+def test_malformed_maps_are_refused(cut_path, tiny_target, bad, fragment):
+    with tiny_backend(cut_path) as draft:
+        draft.vocab_map = bad(draft.vocab_map)
+        with pytest.raises(ValueError, match=fragment) as e:
+            Engine(tiny_target, draft, SpecConfig(method="draft"))
+        assert "\n" not in str(e.value) and draft.name in str(e.value)
+
+
+def test_check_map():
+    check_map(np.array([0, 5, 2]), 3, 6, "d")
+    with pytest.raises(ValueError, match="outside"):
+        check_map(np.array([-1, 5, 2]), 3, 6, "d")
