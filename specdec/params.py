@@ -245,7 +245,7 @@ class SpecConfig:
             model; ``ngram``: prompt lookup; ``suffix``: suffix decoding (continuation counts, stops at low
             confidence, optional token trees); ``hybrid``: n-gram lookup, else the draft model, k from
             acceptance statistics; ``auto``: hybrid with k (0 included) chosen each step by the cost model
-            of :mod:`specdec.policy.cost`.
+            (:mod:`specdec.policy.cost`, :mod:`specdec.policy.pricing`).
         num_speculative_tokens: ``k``, the most draft tokens per target call: a cap in every method
             (``draft`` drafts exactly k unless ``draft_p_min`` stops it; ``ngram`` and ``suffix`` stop
             where their match gives out); ``None``: the method's registered default (:func:`default_k`).

@@ -139,7 +139,7 @@ class GenerationResult:
 
 @dataclass(frozen=True)
 class Load:
-    """What else shares the target call a request is planning, eq. (3) of :mod:`specdec.policy.cost`.
+    """What else shares the target call a request is planning, eq. (3) of :mod:`specdec.policy.pricing`.
 
     Attributes:
         tokens: ``B``, decode tokens the other sequences add to the call (their drafts plus one; 1 for a

@@ -1,8 +1,10 @@
 """``auto``: the policy that chooses, each step, a source of drafts and k (0: a plain step), by predicted
 tokens per second.
 
-- :mod:`~specdec.policy.cost`: the cost model (eq. (3)): measured call costs ``S(n)``, draft costs ``D(k)``,
-  and the best k of an option;
+- :mod:`~specdec.policy.pricing`: what an option is worth, eqs. (1)-(3), as pure functions of explicit inputs:
+  a step's :class:`~specdec.policy.pricing.Choice`, the best k of a source, the bound that rules a step plain;
+- :mod:`~specdec.policy.cost`: the cost model: what the engine measured (call costs ``S(n)``, draft costs
+  ``D(k)``, pooled acceptance), learned from the step's reports and turned into pricing's inputs;
 - :mod:`~specdec.policy.acceptance`: acceptance per kind of proposal (``alpha_i``, ``E(k)``, pooled and
   per request) and the calibration of chosen options;
 - :mod:`~specdec.policy.timing`, :mod:`~specdec.policy.batch_cost`: how call costs are measured and fitted;

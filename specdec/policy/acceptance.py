@@ -1,7 +1,7 @@
 """Acceptance estimates of the cost model: per kind of proposal, the conditional probability that draft
 ``i`` is accepted given drafts ``1..i-1`` were (``alpha_i``), learned from verified blocks, decayed so it follows
 the text, and shrunk towards the engine's pooled estimate (:class:`AcceptanceStats`); and the calibration of
-``auto``'s chosen options (:class:`Calibration`). ``E(k)``, eq. (1) of :mod:`specdec.policy.cost`, is
+``auto``'s chosen options (:class:`Calibration`). ``E(k)``, eq. (1) of :mod:`specdec.policy.pricing`, is
 :func:`expected_tokens`. This module knows numbers only.
 """
 

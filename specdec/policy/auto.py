@@ -1,7 +1,7 @@
 """``auto``: each step, the option of highest predicted tokens per second among a plain step, the n-gram
 continuation with k drafts, suffix decoding with k (a token tree when its branches pay,
 :mod:`specdec.policy.tree`), and each draft model with k, timed and scored on its own (eq. (3) of
-:mod:`specdec.policy.cost`), with probes after runs of plain steps (:class:`~specdec.policy.schedule.ProbeSchedule`;
+:mod:`specdec.policy.pricing`), with probes after runs of plain steps (:class:`~specdec.policy.schedule.ProbeSchedule`;
 a probe tries the best option, whichever source it is).
 
 In a call shared with other sequences the rate is the call's: drafts are priced by their marginal cost there,
@@ -25,7 +25,8 @@ import numpy as np
 from specdec.backends.cache import SequenceCache
 from specdec.params import SamplingParams, SpecConfig
 from specdec.policy.acceptance import expected_tokens
-from specdec.policy.cost import Choice, CostModel
+from specdec.policy.cost import CostModel
+from specdec.policy.pricing import Choice, gain
 from specdec.types import ALONE, Load
 from specdec.policy.schedule import PROBE_COST, ProbeSchedule
 from specdec.policy.sources import Sources
@@ -51,13 +52,6 @@ which prices every option and shows when the machine gets busier, is measured on
 TREE_ALTERNATIVES = 3
 """Most alternative candidates ``auto`` adds to a suffix path in one call (also bounded by the target's free
 KV sequences and ``SpecConfig.suffix_alternatives`` when that is larger)."""
-
-
-def gain(choice: Choice, plain: Choice) -> float:
-    """How much ``choice`` raises the call's predicted rate over ``plain``, in units of this request's own
-    plain rate (``1 / plain.seconds``): alone, ``choice.rate / plain.rate - 1``; in a shared call the
-    others' tokens are in both rates and do not dilute the comparison."""
-    return (choice.rate - plain.rate) * plain.seconds
 
 
 class AutoProposer(Sources):

@@ -1,28 +1,12 @@
-"""The cost model and the k policy of adaptive speculation (``method="auto"``).
+"""The cost model of adaptive speculation (``method="auto"``): what the engine has MEASURED, turned into the
+inputs that :mod:`specdec.policy.pricing` prices options with (eqs. (1)-(3) are there).
 
-One speculative step drafts ``k`` tokens and scores ``k+1`` in one target call. With
-``alpha_i = P(draft i accepted | drafts 1..i-1 accepted)`` the expected number of committed tokens is
-
-    E(k) = 1 + sum_{j=1..k} prod_{i=1..j} alpha_i                                          (1)
-
-which for a constant ``alpha`` is ``(1 - alpha^(k+1)) / (1 - alpha)``, Leviathan et al. 2023 (arXiv
-2211.17192), eq. 1. Their Theorem 3.8 gives the wall-time improvement ``E(k) / (k c + 1)`` with ``c``
-the draft/target cost ratio, assuming the target scores ``k+1`` tokens as fast as one. That assumption
-holds on a GPU and fails on a compute-bound CPU, where scoring 4 tokens costs several times one token
-(``S(n)`` tables: ``docs/bench/README.md``, "ik_llama.cpp against llama.cpp and llama-server" and "What the
-numbers say"). So we measure instead of assuming:
-
-    rate(k) = E(k) / (D(k) + S(k+1)),    plain decoding: rate(0) = 1 / S(1)                  (2)
-
-``S(n)``: wall time of one target call scoring ``n`` tokens, verification included (:class:`TimingTable`,
-per engine and decoding mode, learned online from the report of every step, :meth:`CostModel.observe_step`); ``D(k)``: the proposer's time
-for ``k`` drafts (a draft model's ``k * t_draft``, timed per drafter, plus any catch-up on tokens it has
-not seen; n-gram lookup ~0). ``alpha_i`` is tracked per request and per kind of proposal (each drafter
-its own), decayed so it follows the text, shrunk towards the engine's pooled estimate
-(:class:`AcceptanceStats`). Each step takes ``argmax_k rate(k)``, ``k = 0`` (a plain step) included, so
-speculation switches itself off when it does not pay; after a run of plain steps a probe spends one step
-on the best speculative option to refresh the acceptance estimate
-(:class:`specdec.policy.schedule.ProbeSchedule`).
+``S(n)``, the wall time of one target call scoring ``n`` tokens, verification included, is learned per engine
+and decoding mode from the report of every step (:meth:`CostModel.observe_step`, :class:`TimingTable`), because
+on a compute-bound CPU scoring 4 tokens costs several times one token (``docs/bench/README.md``); each
+drafter's seconds per drafted token and per catch-up token are timed on their own (``D(k)``); the engine's
+pooled acceptance per kind of proposal (:class:`AcceptanceStats`) and the calibration of ``auto``'s choices
+(:class:`Calibration`) are kept here too, for the requests' estimates (:mod:`specdec.policy.estimates`).
 
 Unmeasured sizes: between measured sizes ``S`` is interpolated; beyond the largest measured size it is
 bounded below by that size's time (scoring more tokens never costs less). Decisions use this optimistic
@@ -32,38 +16,11 @@ not been measured for a while) are forgotten and so become unmeasured sizes agai
 engine (:mod:`specdec.policy.refresh`): what was learned while the machine was busy does not outlive the busy
 spell.
 
-Under batching (the server's scheduler) one call scores several sequences; it is recorded as ``S(n)``
-with ``n`` the call's TOTAL tokens, decode steps and prompt chunks alike, because on a compute-bound CPU a
-call's cost follows its token count whatever the split (four sequences of one token cost about one
-sequence of four), and a lone request's steps are the same table's small sizes. A request in a shared
-call prices its drafts by their MARGINAL cost there and counts what the call commits in all (the batch's
-goodput, as SmartSpec chooses the proposal length: Liu et al. 2024, arXiv 2406.14066). With ``B`` the
-other sequences' tokens in the call and ``Y`` their expected committed tokens (:class:`~specdec.types.Load`,
-which the step passes each proposal):
-
-    rate(k) = (E(k) + Y) / (D(k) + S(B + k + 1)),    rate(0) = (1 + Y) / S(B + 1)            (3)
-
-which is (2) for a lone request (``B = Y = 0``). Prompt chunks riding in the call are left out of ``B``
-and ``Y`` (a prompt's last chunk counts as one plain decode token): they are work the server does whatever
-the proposals, and a draft pass delays them as much as it delays the decodes, so the time it costs is worth
-what the decodes commit per second. Counting a 32-token chunk in ``B`` (and its zero commits in ``Y``) made a
-call look slow and cheap to extend: ``auto`` then drafted in nearly every call that carried a chunk, each
-draft pass delaying every request in the call to gain one of them about a token, and served less than plain
-decoding (measured: ``docs/bench/README.md``, section "Serving", "Prompt chunks in the load"). On a flat,
-GPU-like curve ``S(B + k + 1) ~ S(B + 1)`` and cheap drafts pay at any batch size (a draft model's ``D(k)``
-delays the whole call, so it is weighed against what the whole call commits); on a compute-bound curve
-``S(n) ~ a + b n`` the drafts' marginal cost ``b k`` stays while the plain call's rate
-``(1 + Y) / (a + b (B + 1))`` grows with the batch (the fixed cost ``a`` is shared), so beyond some batch no
-k pays and speculation switches itself off: the rule vLLM hard-codes as a batch-size threshold
-(``speculative_disable_by_batch_size``), here derived from the measured curve.
-
-Two corrections apply in a shared call only (a lone request's choice is eq. (2) as it stands). (a) The
-table prices a call by its total tokens, but its sizes ``B + k + 1`` are learned mostly from plain calls of
-that many sequences, and a draft token was measured to cost more than another sequence's token: drafts are
-priced at no less than ``beta`` a token, the measured seconds a draft token adds to a shared call
-(:mod:`specdec.policy.batch_cost`, :meth:`CostModel.shared_curve`). (b) The acceptance estimates are scaled by what
-the choices of their kind earned (:class:`Calibration`): choosing the option that looks best makes the chosen
-ones' estimates run high, and a few percent of overrating decides whether a draft in a busy call pays.
+Under batching (the server's scheduler) one call scores several sequences; it is recorded as ``S(n)`` with ``n``
+the call's TOTAL tokens, decode steps and prompt chunks alike (on a compute-bound CPU a call's cost follows its
+token count whatever the split), and what a draft token adds to a shared call is measured apart
+(:mod:`specdec.policy.batch_cost`, :meth:`CostModel.shared_curve`); how a shared call is priced, and why prompt
+chunks are left out of its load: :mod:`specdec.policy.pricing`.
 
 This module knows numbers only: no models, tokens or arrays of logits. Nothing writes the cost model but
 :meth:`CostModel.observe_step`; the policies only read it, and get the call's load as an argument. The
@@ -74,12 +31,12 @@ and :mod:`specdec.policy.batch_cost`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import numpy as np
 
-from specdec.policy.acceptance import ACCEPT_PRIOR, REQUEST_STRENGTH, AcceptanceStats, Calibration, expected_tokens
+from specdec.policy.acceptance import ACCEPT_PRIOR, REQUEST_STRENGTH, AcceptanceStats, Calibration
 from specdec.policy.batch_cost import SharedCallCost
+from specdec.policy.pricing import Choice, plain_step
+from specdec.policy import pricing
 from specdec.policy.refresh import AGE_N_MAX, RefreshSchedule, plain_level
 from specdec.policy.timing import CALL_N_MAX, TimingTable
 from specdec.types import ALONE, Load
@@ -92,37 +49,6 @@ carried one-time costs does (measured: 2.6 s against ~0.11 s)."""
 
 CURVE_TOLERANCE = 0.01
 """Relative move of a measured size's mean that makes the cost model recompute its priced curve."""
-
-@dataclass(frozen=True)
-class Choice:
-    """One step's decision: draft ``k`` tokens from ``source`` (``k = 0``: a plain step).
-
-    Attributes:
-        source: A drafter's kind (``"draft"``, ``"draft:<name>"``), ``"ngram"``, ``"suffix"`` or ``None``
-            for a plain step.
-        k: Draft tokens to propose.
-        tokens: Predicted committed tokens of this request, E(k).
-        seconds: Predicted wall time of the step, D(k) + S(B + k + 1) (``B = 0`` alone).
-        probe: True when taken to refresh statistics rather than because it was best.
-        others: Predicted committed tokens of the other sequences in the call, ``Y`` (0 alone).
-        tree_tokens: Tokens that alternative candidates (a token tree) add to the call; 0 for a chain.
-    """
-
-    source: str | None
-    k: int
-    tokens: float
-    seconds: float
-    probe: bool = False
-    others: float = 0.0
-    tree_tokens: int = 0
-
-    @property
-    def rate(self) -> float:
-        """Predicted committed tokens per second of the whole call, eq. (3) (this request's alone)."""
-        return (self.tokens + self.others) / self.seconds if self.seconds > 0 else math.inf
-
-
-
 
 class CostModel:
     """Per-engine timings (target ``S(n)`` per decoding mode, each drafter's per-token and catch-up times) and
@@ -149,7 +75,7 @@ class CostModel:
         self.shared = {True: SharedCallCost(), False: SharedCallCost()}
         """Greedy? -> what a draft token adds to a call shared with other sequences (:mod:`specdec.policy.batch_cost`)."""
         self._priced_extension: dict[bool, float] = {}  # greedy -> beta when the curve last changed
-        self._reach: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # (greedy, B, shared?) -> (C(B+1+x), x)
+        self._reach: dict[tuple, np.ndarray] = {}  # (greedy, B, shared?) -> [x_max] S(B + 1 + x)
         self._reach_version = -1  # the _version _reach was priced at (reach_thresholds)
         self.refresh = RefreshSchedule()
         """The clock and horizon by which timings taken under other conditions are forgotten
@@ -340,8 +266,8 @@ class CostModel:
 
     def best_k(self, accept: np.ndarray, prop_seconds, greedy: bool, max_seconds: float = math.inf,
                load: Load = ALONE) -> Choice | None:
-        """The best ``k >= 1`` for one source by eq. (3) (eq. (2) alone), with optimistic sizes up to
-        :meth:`size_limit`.
+        """:func:`specdec.policy.pricing.best_k` on this engine's priced curve (:meth:`shared_curve`), with
+        optimistic sizes up to :meth:`size_limit`.
 
         Args:
             accept: ``[K] float64`` conditional acceptance estimates; K = most drafts available.
@@ -357,14 +283,8 @@ class CostModel:
             return None
         b = load.tokens
         k_max = min(len(accept), max(1, self.size_limit(greedy) - 1 - b))
-        ks = np.arange(1, k_max + 1)
-        e = expected_tokens(accept[:k_max])[1:]  # [k_max] E(1..k_max)
-        t = prop_seconds(ks) + self.shared_curve(b + k_max + 1, greedy, load)[b + 2:]  # [k_max] seconds a step
-        rate = np.where(t <= max_seconds, (e + load.committed) / t, -np.inf)
-        i = int(np.argmax(rate))  # the first best, as a loop over k would pick
-        if not rate[i] > -np.inf:
-            return None
-        return Choice(None, i + 1, float(e[i]), float(t[i]), others=load.committed)
+        return pricing.best_k(accept, prop_seconds, self.shared_curve(b + k_max + 1, greedy, load), load,
+                              max_seconds)
 
     def curve(self, n_max: int, greedy: bool, optimistic: bool = True) -> np.ndarray:
         """``[n_max+1] float64``: ``S(n)`` for ``n = 0..n_max`` (index 0 unused, NaN; sizes past the
@@ -405,33 +325,27 @@ class CostModel:
         return np.concatenate((curve[: base + 1], np.maximum(curve[base + 1:], floor)))
 
     def reach_thresholds(self, greedy: bool, plain: Choice, load: Load = ALONE) -> np.ndarray:
-        """``[x_max] float64``: entry ``x - 1`` is the largest acceptance ``p`` of every scored draft at which no
-        option scoring at most ``x`` more tokens, priced on :meth:`shared_curve`, beats ``plain``. Such an
-        option commits at most ``1 + x' p`` of this request's tokens in at least ``C(B + 1 + x')`` seconds
-        (``x' <= x``), so by eq. (3) it wins only if ``p > min_{x' <= x} ((1 + Y) C(B + 1 + x') / T0 - 1 - Y) / x'``
-        (``T0 = plain.seconds``); ``x_max`` is the most a call may add (:meth:`size_limit`). Used by ``auto``
-        to skip pricing a step that must be plain
+        """:func:`specdec.policy.pricing.reach_thresholds` on this engine's priced curve (:meth:`shared_curve`)
+        for every size a call may add (:meth:`size_limit`), the curve kept while :attr:`version` stays (a few
+        ``B``'s a step in a batch). Used by ``auto`` to skip pricing a step that must be plain
         (:meth:`specdec.policy.auto.AutoProposer._out_of_reach`).
 
         Returns:
-            The thresholds, non-increasing in ``x`` (probabilities; negative where a free draft would pay,
-            above 1 where none can); NaN when ``plain.seconds`` is unknown.
+            ``[x_max] float64`` thresholds (see :func:`~specdec.policy.pricing.reach_thresholds`).
         """
         b = load.tokens
         if self._reach_version != self._version:
             self._reach, self._reach_version = {}, self._version
         key = (greedy, b, load.sequences > 0)
-        if key not in self._reach:  # a few B's a step in a batch (the other sequences' tokens)
+        if key not in self._reach:
             x_max = max(1, self.size_limit(greedy) - 1 - b)
-            self._reach[key] = (self.shared_curve(b + 1 + x_max, greedy, load)[b + 2:], np.arange(1, x_max + 1))
-        curve, x = self._reach[key]  # [x_max] C(B + 1 + x) seconds, [x_max] x
-        y = load.committed
-        return np.minimum.accumulate(((1 + y) * curve / plain.seconds - 1 - y) / x)
+            self._reach[key] = self.shared_curve(b + 1 + x_max, greedy, load)[b + 2:]  # [x_max] S(B + 1 + x)
+        return pricing.reach_thresholds(self._reach[key], plain, load)
 
     def plain(self, greedy: bool, load: Load = ALONE) -> Choice:
-        """A plain step: one token in ``S(1)`` seconds alone (NaN before any measurement); in a shared
-        call ``S(B + 1)``, priced on the same optimistic curve as :meth:`best_k`'s sizes so that a size
-        beyond those measured favours neither."""
+        """A plain step (:func:`~specdec.policy.pricing.plain_step`): ``S(1)`` seconds alone (NaN before any
+        measurement); in a shared call ``S(B + 1)``, on the same optimistic curve as :meth:`best_k`'s sizes so
+        that a size beyond those measured favours neither."""
         if load.tokens == 0:
-            return Choice(None, 0, 1.0, self.step_seconds(1, greedy))
-        return Choice(None, 0, 1.0, float(self.curve(load.tokens + 1, greedy)[-1]), others=load.committed)
+            return plain_step(self.step_seconds(1, greedy), load)
+        return plain_step(float(self.curve(load.tokens + 1, greedy)[-1]), load)

@@ -16,7 +16,8 @@ import numpy as np
 
 from specdec.backends.cache import SequenceCache
 from specdec.params import SamplingParams, SpecConfig
-from specdec.policy.cost import Choice, CostModel
+from specdec.policy.cost import CostModel
+from specdec.policy.pricing import Choice
 from specdec.types import ALONE, Load
 from specdec.policy.sources import Sources
 from specdec.proposers.base import EMPTY_PROPOSAL, Draws, Proposal, ProposerContext

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from specdec.policy.cost import Choice
+from specdec.policy.pricing import Choice
 
 PROBE_COST = 2.0
 """A probe step may take at most this many plain steps' time: on a CPU, where scoring 2 tokens costs

@@ -17,7 +17,8 @@ import math
 from typing import Sequence
 
 from specdec.policy.acceptance import AcceptanceStats, expected_tokens
-from specdec.policy.cost import Choice, CostModel
+from specdec.policy.cost import CostModel
+from specdec.policy.pricing import Choice
 from specdec.types import ALONE, Load
 from specdec.policy.estimates import RequestEstimates
 from specdec.policy.schedule import PredictionLog

@@ -1,5 +1,5 @@
 """``auto``'s token trees: alternative candidates added to a suffix path where they raise the call's predicted
-rate (eq. (3) of :mod:`specdec.policy.cost`).
+rate (eq. (3) of :mod:`specdec.policy.pricing`).
 
 For point-mass candidates verified as a tree (:func:`specdec.verify.multi_candidate_verifier`) the expected
 committed tokens are ``1 + sum`` over the tree's nodes of the probability that the target's tokens follow
@@ -21,7 +21,8 @@ from typing import Sequence
 
 import numpy as np
 
-from specdec.policy.cost import Choice, CostModel
+from specdec.policy.cost import CostModel
+from specdec.policy.pricing import Choice
 from specdec.types import Load
 from specdec.policy.estimates import RequestEstimates
 from specdec.proposers.base import Proposal
