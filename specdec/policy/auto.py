@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -52,6 +52,37 @@ which prices every option and shows when the machine gets busier, is measured on
 TREE_ALTERNATIVES = 3
 """Most alternative candidates ``auto`` adds to a suffix path in one call (also bounded by the target's free
 KV sequences and ``SpecConfig.suffix_alternatives`` when that is larger)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Offer:
+    """What one source offers this step, all ``auto`` needs to price it: its acceptance estimates and what its
+    drafts cost. Built once a step (:meth:`AutoProposer._offers`) and read by the bound, the pricing, the probe
+    and :meth:`AutoProposer.explain` alike.
+
+    Attributes:
+        source: ``"ngram"``, ``"prediction"``, ``"suffix"`` or a drafter's kind (``"draft"``, ``"draft:<name>"``).
+        accept: ``[K] float64`` conditional acceptance estimates of its drafts (calibrated for the call's load);
+            ``K``: the drafts it has at hand (a free source) or may make (a drafter), within its slow-start cap.
+        cost: ``D(k)``: ``[m] int64`` k's -> ``[m] float64`` seconds (or scalars); 0 for a free source; a
+            drafter's catch-up amortized over the steps ahead.
+        probe_cost: ``D(k)`` of a probe: a drafter's catch-up paid in full (a probe must not start a long
+            draft prefill on credit).
+    """
+
+    source: str
+    accept: np.ndarray
+    cost: Callable = lambda k: 0.0
+    probe_cost: Callable = lambda k: 0.0
+
+    @property
+    def drafter(self) -> bool:
+        """True for a draft model (its drafts cost time), False for a free source."""
+        return self.source not in FREE_SOURCES
+
+
+FREE_SOURCES = ("ngram", PREDICTION, "suffix")
+"""The sources whose drafts cost nothing to propose, in the order they are priced (then each drafter)."""
 
 
 class AutoProposer(Sources):
@@ -178,8 +209,8 @@ class AutoProposer(Sources):
         if math.isnan(plain.seconds):  # measure S(1) first
             return self._because(plain, "S(1) not measured yet: a plain step measures it")
         share = 1.0 / (1 + load.sequences)  # of a plain step, towards the next probe
-        est = self._estimates(match, order, k, suffix, load)
-        if self._out_of_reach(est, suffix, greedy, plain, load):
+        offers = self._offers(match, order, k, suffix, catchup, greedy, load)
+        if self._out_of_reach(offers, suffix, greedy, plain, load):
             # no option can beat a plain step: price them only when a probe wants the best of them (a probe is
             # counted only when there is an option, as below)
             drafters = (None if match or suffix.tokens or self._predicted
@@ -189,16 +220,16 @@ class AutoProposer(Sources):
             if not self.probe.should_probe(share):
                 return self._because(plain, "no option can beat plain, even by a bound on its acceptance")
             drafters = self._drafters(catchup, k, greedy, plain, load) if drafters is None else drafters
-            best = self._best(est, catchup, greedy, suffix, drafters, load)
-            probe = best is not None and self._probe(best, match, order, k, catchup, greedy, plain, suffix, load)
+            best = self._best(offers, greedy, suffix, drafters, load)
+            probe = best is not None and self._probe(best, offers, greedy, plain, load)
             return self._because(probe, "a probe: refresh the best option's acceptance after plain steps") if probe \
                 else self._because(plain, "no option can beat plain; no probe fits its budget")
-        best = self._best(est, catchup, greedy, suffix, self._drafters(catchup, k, greedy, plain, load), load)
+        best = self._best(offers, greedy, suffix, self._drafters(catchup, k, greedy, plain, load), load)
         if best is not None and best.rate > plain.rate:
             self.probe.speculating()
             return self._because(best, f"the best option: {best.rate / plain.rate:.2f}x plain's rate")
         if best is not None and self.probe.should_probe(share):
-            probe = self._probe(best, match, order, k, catchup, greedy, plain, suffix, load)
+            probe = self._probe(best, offers, greedy, plain, load)
             return self._because(probe, "a probe: refresh the best option's acceptance after plain steps") if probe \
                 else self._because(plain, "plain beats every option; no probe fits its budget")
         return self._because(plain, "plain beats every option" if best is not None else "nothing to draft from")
@@ -208,55 +239,56 @@ class AutoProposer(Sources):
         self.reason = reason
         return choice
 
-    def _estimates(self, match: list[int], order: int, k: int, suffix: Proposal, load: Load) -> dict[str, np.ndarray]:
-        """Source -> ``[K] float64`` conditional acceptance estimates of this step's options: ``"ngram"`` when
-        the lookup matched, ``"suffix"`` when suffix decoding found a path, each drafter's kind; computed once
-        for the bound (:meth:`_out_of_reach`) and the pricing."""
-        est = {}
+    def _offers(self, match: list[int], order: int, k: int, suffix: Proposal, catchup: dict[str, int],
+                greedy: bool, load: Load) -> dict[str, Offer]:
+        """Source -> its :class:`Offer` this step: ``"ngram"`` when the lookup matched (kind ``ngram{order}``),
+        ``"prediction"`` when the prediction continues here, ``"suffix"`` when suffix decoding found a path, and
+        every drafter (each with its catch-up ``catchup[kind]``); computed once for the bound
+        (:meth:`_out_of_reach`), the pricing and a probe."""
+        est, offers = self.estimates, {}
         if match:
-            est["ngram"] = self.estimates.accept("ngram", order, len(match), load)
+            offers["ngram"] = Offer("ngram", est.accept("ngram", order, len(match), load))
         if self._predicted:
-            est[PREDICTION] = self.estimates.accept(PREDICTION, 0, len(self._predicted), load)
+            offers[PREDICTION] = Offer(PREDICTION, est.accept(PREDICTION, 0, len(self._predicted), load))
         if suffix.tokens:
-            est["suffix"] = self.estimates.suffix_accept(suffix, load)
+            offers["suffix"] = Offer("suffix", est.suffix_accept(suffix, load))
+        cm = self.cost
         for kind in self.drafts:
-            est[kind] = self.estimates.accept(kind, order, k, load)
-        return est
+            up = catchup[kind]
+            offers[kind] = Offer(kind, est.accept(kind, order, k, load),
+                                 cost=lambda j, kind=kind, up=up: cm.draft_seconds(j, up, greedy, drafter=kind),
+                                 probe_cost=lambda j, kind=kind, up=up: cm.draft_seconds(j, up, greedy, horizon=1,
+                                                                                         drafter=kind))
+        return offers
 
     def _drafters(self, catchup: dict[str, int], k: int, greedy: bool, plain: Choice, load: Load) -> list[str]:
         """The drafters worth pricing: those that could pay with every draft accepted (:meth:`_could_pay`; that
         none can is the usual verdict on a CPU)."""
-        return [kind for kind in self.drafts
-                if self._could_pay(kind, self._draft_cost(kind, catchup, greedy), catchup[kind], k, greedy, plain, load)]
-
-    def _draft_cost(self, kind: str, catchup: dict[str, int], greedy: bool):
-        """``k -> D(k)`` seconds of drafter ``kind`` with its catch-up (:meth:`CostModel.draft_seconds`)."""
-        return lambda j: self.cost.draft_seconds(j, catchup[kind], greedy, drafter=kind)
-
-    def _best(self, est: dict[str, np.ndarray], catchup: dict[str, int], greedy: bool, suffix: Proposal,
-              drafters: list[str], load: Load) -> Choice | None:
-        """The option of highest rate, eq. (3): n-gram, suffix (a token tree when it pays), each drafter in
-        ``drafters``, each with its best k for its estimates ``est``; None when none has anything to offer."""
         cm = self.cost
-        best = max(self._options(est, catchup, greedy, drafters, load), key=lambda c: c.rate, default=None)
+        return [kind for kind in self.drafts
+                if self._could_pay(kind, lambda j, kind=kind: cm.draft_seconds(j, catchup[kind], greedy, drafter=kind),
+                                   catchup[kind], k, greedy, plain, load)]
+
+    def _best(self, offers: dict[str, Offer], greedy: bool, suffix: Proposal, drafters: list[str],
+              load: Load) -> Choice | None:
+        """The option of highest rate, eq. (3): each free source, each drafter in ``drafters``, each with its
+        best k (:meth:`_options`); a suffix path grows a token tree when its branches pay. None when none has
+        anything to offer."""
+        best = max(self._options(offers, greedy, drafters, load), key=lambda c: c.rate, default=None)
         if best is None or best.source != "suffix":
             return best
         n_max = min(self.tree, self._free_sequences())
         if n_max <= 0 or not best.k or self.suffix is None:
             return best
-        best, self._branches = grow_tree(best, suffix, self.suffix.branches(n_max), self.estimates, cm, load,
+        best, self._branches = grow_tree(best, suffix, self.suffix.branches(n_max), self.estimates, self.cost, load,
                                          greedy, n_max)
         return best
 
-    def _options(self, est: dict[str, np.ndarray], catchup: dict[str, int], greedy: bool, drafters: list[str],
-                 load: Load) -> list[Choice]:
-        """Each source's best chain by eq. (3): the free ones in ``est`` (n-gram, prediction, suffix), then each
-        drafter in ``drafters``, each with its best k; a source with nothing to offer is left out."""
-        cm = self.cost
-        priced = [(source, cm.best_k(est[source], lambda j: 0.0, greedy, load=load))
-                  for source in ("ngram", PREDICTION, "suffix") if source in est]
-        for kind in drafters:  # each drafter is an option of its own, timed and scored on its own
-            priced.append((kind, cm.best_k(est[kind], self._draft_cost(kind, catchup, greedy), greedy, load=load)))
+    def _options(self, offers: dict[str, Offer], greedy: bool, drafters: list[str], load: Load) -> list[Choice]:
+        """Each source's best chain by eq. (3) (:meth:`CostModel.best_k`): the free ones, then each drafter in
+        ``drafters``; a source with nothing to offer is left out."""
+        priced = [(o.source, self.cost.best_k(o.accept, o.cost, greedy, load=load)) for o in offers.values()
+                  if not o.drafter or o.source in drafters]
         return [dataclasses.replace(c, source=source) for source, c in priced if c is not None]
 
     def explain(self, position: int, choice: Choice, proposal: Proposal, match: list[int], order: int, k: int,
@@ -279,10 +311,10 @@ class AutoProposer(Sources):
             return (f"{name}{f' k={c.k}' if c.k else ''}{f' +{c.tree_tokens} tree' if c.tree_tokens else ''} "
                     f"{c.tokens + c.others:.2f} tok / {1e3 * c.seconds:.1f} ms = {c.rate:.1f} tok/s")
 
-        est = self._estimates(match, order, k, suffix, load)
+        offers = self._offers(match, order, k, suffix, catchup, greedy, load)
         names = {"ngram": f"ngram{order}"}
         options = [fmt(plain, "plain")] + [fmt(c, names.get(c.source, c.source))
-                                           for c in self._options(est, catchup, greedy, list(self.drafts), load)]
+                                           for c in self._options(offers, greedy, list(self.drafts), load)]
         if choice.source is not None:
             chosen = f"{names.get(choice.source, choice.source)} k={choice.k}" + (" (probe)" if choice.probe else "")
         elif proposal.tokens:
@@ -291,7 +323,7 @@ class AutoProposer(Sources):
             chosen = "plain"
         return f"{where}: {' | '.join(options)} -> {chosen} ({self.reason})"
 
-    def _out_of_reach(self, est: dict[str, np.ndarray], suffix: Proposal, greedy: bool, plain: Choice,
+    def _out_of_reach(self, offers: dict[str, Offer], suffix: Proposal, greedy: bool, plain: Choice,
                       load: Load) -> bool:
         """True when no option of this step can beat ``plain``, by a bound on eq. (3) that costs a few
         comparisons instead of pricing every source (the common case of a plain step, and the whole cost of
@@ -312,10 +344,10 @@ class AutoProposer(Sources):
             x = len(accept) if x is None else x
             return (accept[0] if p is None else p) <= thresholds[min(x, len(thresholds)) - 1]
 
-        if any(source in est and not beyond(est[source]) for source in ("ngram", PREDICTION)):
+        if any(source in offers and not beyond(offers[source].accept) for source in ("ngram", PREDICTION)):
             return False
-        if "suffix" in est:
-            accept = est["suffix"]
+        if "suffix" in offers:
+            accept = offers["suffix"].accept
             if (n_max := min(self.tree, self._free_sequences())) > 0 and self.suffix is not None:
                 a, c = float(accept[0]), suffix.confidence[0]
                 x = len(accept) + n_max * (self.slow_start_cap("suffix") + 1)  # the chain + each branch's drafts and root
@@ -323,7 +355,7 @@ class AutoProposer(Sources):
                     return False
             elif not beyond(accept):
                 return False
-        return all(beyond(est[kind]) for kind in self.drafts)
+        return all(beyond(offers[kind].accept) for kind in self.drafts)
 
     def _could_pay(self, kind: str, cost, catchup: int, k: int, greedy: bool, plain: Choice, load: Load) -> bool:
         """Whether drafter ``kind`` could beat plain decoding by :data:`DRAFT_MARGIN` with every draft
@@ -343,25 +375,16 @@ class AutoProposer(Sources):
         self._no_pay.pop(kind, None)
         return True
 
-    def _probe(self, best: Choice, match: list[int], order: int, k: int, catchup: dict[str, int], greedy: bool,
-               plain: Choice, suffix: Proposal = EMPTY_PROPOSAL, load: Load = ALONE) -> Choice | None:
+    def _probe(self, best: Choice, offers: dict[str, Offer], greedy: bool, plain: Choice,
+               load: Load = ALONE) -> Choice | None:
         """A cheap step of ``best``'s source to refresh its acceptance estimate: the best k whose step is
         predicted to cost at most :data:`~specdec.policy.schedule.PROBE_COST` - 1 tokens of plain decoding:
         alone, that many lone plain steps longer than the plain step; in a shared call, the extra seconds times
-        the plain call's rate (eq. (3)), since the whole batch waits for it. The draft's catch-up is paid in
-        full (a probe must not start a long draft prefill)."""
-        cm, est = self.cost, self.estimates
+        the plain call's rate (eq. (3)), since the whole batch waits for it. A drafter's catch-up is paid in
+        full (:attr:`Offer.probe_cost`: a probe must not start a long draft prefill)."""
+        offer = offers[best.source]
         budget = plain.seconds + (PROBE_COST - 1) / plain.rate
-        if best.source == "ngram":
-            c = cm.best_k(est.accept("ngram", order, len(match), load), lambda j: 0.0, greedy, budget, load)
-        elif best.source == PREDICTION:
-            c = cm.best_k(est.accept(PREDICTION, 0, len(self._predicted), load), lambda j: 0.0, greedy, budget, load)
-        elif best.source == "suffix":
-            c = cm.best_k(est.suffix_accept(suffix, load), lambda j: 0.0, greedy, budget, load)
-        else:  # a drafter
-            drafter = best.source
-            cost = lambda j: cm.draft_seconds(j, catchup[drafter], greedy, horizon=1, drafter=drafter)  # noqa: E731
-            c = cm.best_k(est.accept(drafter, order, k, load), cost, greedy, budget, load)
+        c = self.cost.best_k(offer.accept, offer.probe_cost, greedy, budget, load)
         return None if c is None else dataclasses.replace(c, source=best.source, probe=True)
 
 
