@@ -32,6 +32,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per answer (default 128)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
     p.add_argument("--n-ctx", type=int, default=4096)
+    p.add_argument("--load-first", choices=("exact", "fast"), default="exact",
+                   help="which engine the process loads first (default exact): on the Xeon kind the first model "
+                        "a process loads runs slower (docs/bench/invariance/README.md)")
     args = p.parse_args(argv)
 
     from specdec.api import load_engine
@@ -41,8 +44,11 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     prompts = interleave(load_prompts(per_category=args.per_category, categories=tuple(args.categories.split(","))))
     methods = args.methods.split(",")
+    first = args.load_first
     engines = {num: load_engine(n_ctx=args.n_ctx, n_seq_max=1, n_threads=args.threads, progress=False,
-                                backend="ik_llama.cpp", numerics=num) for num in ("exact", "fast")}
+                                backend="ik_llama.cpp", numerics=num)
+               for num in (first, "fast" if first == "exact" else "exact")}
+    engines = {num: engines[num] for num in ("exact", "fast")}  # the alternation's order, whichever loaded first
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     warm = "Write a short Python function that returns the sum of a list of numbers."
     for e in engines.values():
@@ -64,7 +70,8 @@ def main(argv=None) -> int:
     for r in runs:
         r["equals_plain"] = r["token_ids"] == plain.get((r["prompt_id"], r["category"], r["numerics"]))
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "threads": engines["exact"].target.n_threads,
-            "load_before": load0, "load_after": load1, "max_tokens": args.max_tokens, "methods": methods}
+            "load_before": load0, "load_after": load1, "max_tokens": args.max_tokens, "methods": methods,
+            "loaded_first": first}
     (out / "numerics.json").write_text(json.dumps({"meta": meta, "runs": runs}))
     print(report(runs, methods, meta))
     return 0
@@ -76,7 +83,8 @@ def report(runs: list[dict], methods: list[str], meta: dict) -> str:
     cats = list(dict.fromkeys(r["category"] for r in runs))
     head = "| category | " + " | ".join(f"{m} exact | {m} fast | {m} exact/fast" for m in methods) + " |"
     lines = [f"CPU {meta['cpu']}, {meta['threads']} threads, {meta['max_tokens']} tokens, greedy; load average "
-             f"{meta['load_before'][0]:.2f} before, {meta['load_after'][0]:.2f} after", "", head,
+             f"{meta['load_before'][0]:.2f} before, {meta['load_after'][0]:.2f} after; "
+             f"{meta.get('loaded_first', 'exact')} engine loaded first", "", head,
              "|---|" + "---|" * (3 * len(methods))]
 
     def med(cat, m, num, key="decode_tps"):
