@@ -33,6 +33,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=8, help="two-token calls after the prompt (default 8)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--other", type=int, default=256, help="cells the other sequence takes first (default 256)")
+    p.add_argument("--paged", type=int, default=0,
+                   help="instead: this many calls of 16 tokens, alternating sequence 0 and 1 from an empty context, "
+                        "so each sequence's cells are 16-cell pages in increasing order, cell = pos (mod 16)")
     p.add_argument("--interleaved", type=int, default=0,
                    help="then this many calls of two tokens of each sequence, whose cells interleave (default 0)")
     args = p.parse_args(argv)
@@ -51,6 +54,8 @@ def main(argv=None) -> int:
     steps = [rng.integers(100, 20000, 2).tolist() for _ in range(args.steps)]
 
     a0, s0, s1 = alone.new_sequence(), shared.new_sequence(), shared.new_sequence()
+    if args.paged:
+        return paged(alone, shared, a0, s0, s1, args.paged, rng)
     shared.eval({s1: (other, 1)})  # cells 0..255: another sequence's, masked for sequence s0
     worst, rows = 0.0, 0
 
@@ -72,6 +77,23 @@ def main(argv=None) -> int:
         compare(alone.eval({a0: (toks, 2)})[a0], both[s0], f"interleaved call {i + 1}")
     print(f"{rows} rows compared; largest difference {worst:.3g}: "
           + ("bitwise equal" if worst == 0.0 else "NOT equal"))
+    alone.close()
+    shared.close()
+    return 0 if worst == 0.0 else 1
+
+
+def paged(alone, shared, a0: int, s0: int, s1: int, calls: int, rng) -> int:
+    """``--paged``: sequence 0's 16-token calls interleave with sequence 1's, page by page; its last two rows of
+    each call compared with the same calls in a context of its own. Returns the exit status."""
+    worst = 0.0
+    for i in range(calls):
+        toks = rng.integers(100, 20000, 16).tolist()
+        mine = shared.eval({s0: (toks, 2)})[s0]
+        shared.eval({s1: (rng.integers(100, 20000, 16).tolist(), 1)})
+        d = float(np.max(np.abs(alone.eval({a0: (toks, 2)})[a0] - mine)))
+        worst = max(worst, d)
+        print(f"page {i + 1} (cells {32 * i}..{32 * i + 15}): max |diff| {d:.3g} over 2 rows")
+    print(f"{2 * calls} rows compared; largest difference {worst:.3g}: " + ("bitwise equal" if worst == 0.0 else "NOT equal"))
     alone.close()
     shared.close()
     return 0 if worst == 0.0 else 1
