@@ -120,7 +120,8 @@ class MappedDraft:
         check_map(vocab_map, draft.n_vocab, target.n_vocab, draft.name)
         self.inner, self.target = draft, target
         self.vocab_map = vocab_map.astype(np.int64)  # [N] draft id -> target id
-        bad = next((i for i, t in enumerate(self.vocab_map) if draft.token_bytes(i) != target.token_bytes(int(t))), None)
+        bad = next((i for i, t in enumerate(self.vocab_map)
+                    if draft.token_bytes(i) != target.token_bytes(int(t))), None)
         if bad is not None:
             raise ValueError(f"draft model {draft.name}: its token {bad} ({draft.token_bytes(bad)!r}) maps to the "
                              f"target's token {self.vocab_map[bad]} ({target.token_bytes(int(self.vocab_map[bad]))!r})")
@@ -156,7 +157,8 @@ class MappedDraft:
     def eval(self, batch: dict[int, tuple[Sequence[int], int]]) -> dict[int, np.ndarray]:
         """The drafter's :meth:`~specdec.backends.base.Backend.eval` in target ids: ``seq_id -> [n_logits, V]
         float32`` logits over the target's ``V`` rows, ``-inf`` outside the set."""
-        out = self.inner.eval({s: (self.draft_ids(tokens) if len(tokens) else [], n) for s, (tokens, n) in batch.items()})
+        out = self.inner.eval({s: (self.draft_ids(tokens) if len(tokens) else [], n)
+                               for s, (tokens, n) in batch.items()})
         return {s: self.widen(x) for s, x in out.items()}
 
     def widen(self, logits: np.ndarray) -> np.ndarray:

@@ -26,8 +26,10 @@ This module knows GGUF files and the source's tokenizer; nothing about decoding.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -37,7 +39,8 @@ NORMAL, UNUSED = 1, 5  # gguf TokenType: every other type (control, user-defined
 VOCAB_TENSORS = ("token_embd.weight", "output.weight")  # one row per token
 
 
-def kept_tokens(types: np.ndarray, n: int, special_ids: Sequence[int] = (), counts: np.ndarray | None = None) -> np.ndarray:
+def kept_tokens(types: np.ndarray, n: int, special_ids: Sequence[int] = (),
+                counts: np.ndarray | None = None) -> np.ndarray:
     """The ``n`` source ids a drafter keeps: the always-kept ones, then normal tokens by rank.
 
     Args:
@@ -65,36 +68,48 @@ def kept_tokens(types: np.ndarray, n: int, special_ids: Sequence[int] = (), coun
     return np.sort(np.concatenate([np.flatnonzero(always), normal[: n - n_always]]))
 
 
-def source_tokenizer(src: Path):
-    """``src``'s tokenizer as llama.cpp loads it (a vocabulary-only ``llama_cpp.Llama``).
+@contextlib.contextmanager
+def source_vocab(src: Path) -> Iterator[int]:
+    """``src``'s tokenizer as llama.cpp loads it (the model's vocabulary only: no weights, no context), as a
+    ``llama_vocab`` pointer for llama-cpp-python's functions.
 
     Raises:
         ValueError: when llama.cpp cannot read it.
     """
-    import llama_cpp
+    import llama_cpp as lc
 
+    from specdec.backends.llama_cpp import _init_llama
+
+    _init_llama()  # its log lines stay quiet
+    params = lc.llama_model_default_params()
+    params.vocab_only = True
+    model = lc.llama_model_load_from_file(str(src).encode(), params)
+    if not model:
+        raise ValueError(f"{src}: llama.cpp could not read its tokenizer")
     try:
-        return llama_cpp.Llama(model_path=str(src), vocab_only=True, verbose=False)
-    except Exception as e:  # llama-cpp-python raises ValueError or RuntimeError on a bad file
-        raise ValueError(f"{src}: llama.cpp could not read its tokenizer ({e})") from None
+        yield lc.llama_model_get_vocab(model)
+    finally:
+        lc.llama_model_free(model)
 
 
 def eog_tokens(vocab, n_vocab: int) -> list[int]:
-    """Ids that end generation for llama.cpp in the tokenizer ``vocab`` (:func:`source_tokenizer`): besides
-    eos/eot, tokens it recognizes by their text (Qwen's ``</s>``, a normal token): a drafter must keep them
-    all, or its end-of-generation ids would differ from its target's."""
-    import llama_cpp
+    """Ids that end generation for llama.cpp in the tokenizer ``vocab`` (:func:`source_vocab`): besides eos/eot,
+    tokens it recognizes by their text (Qwen's ``</s>``, a normal token): a drafter must keep them all, or its
+    end-of-generation ids would differ from its target's."""
+    import llama_cpp as lc
 
-    return [i for i in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab._model.vocab, i)]
+    return [i for i in range(n_vocab) if lc.llama_vocab_is_eog(vocab, i)]
 
 
 def count_tokens(vocab, corpus: Sequence[str | Path], n_vocab: int) -> np.ndarray:
     """``[n_vocab] int64``: how often each token occurs in the ``corpus`` text files, tokenized with the source's
-    tokenizer ``vocab`` (:func:`source_tokenizer`; special tokens as text).
+    tokenizer ``vocab`` (:func:`source_vocab`; special tokens as text).
 
     Raises:
         ValueError: when a file cannot be read as UTF-8 text.
     """
+    import llama_cpp as lc
+
     counts = np.zeros(n_vocab, np.int64)
     for path in corpus:
         try:
@@ -103,8 +118,12 @@ def count_tokens(vocab, corpus: Sequence[str | Path], n_vocab: int) -> np.ndarra
             raise ValueError(f"corpus file {path}: {e}") from None
         lines = text.splitlines(keepends=True)
         for lo in range(0, len(lines), 2000):  # bounded calls; a token never spans lines in Qwen's pre-tokenizer
-            ids = vocab.tokenize("".join(lines[lo: lo + 2000]).encode("utf-8"), add_bos=False, special=False)
-            np.add.at(counts, np.asarray(ids, np.int64), 1)
+            data = "".join(lines[lo: lo + 2000]).encode("utf-8")
+            size = len(data) + 16  # never more tokens than bytes
+            buf = (ctypes.c_int32 * size)()
+            n = lc.llama_tokenize(vocab, data, len(data), buf, size, False, False)
+            assert n >= 0, n
+            np.add.at(counts, np.frombuffer(buf, np.int32, n).astype(np.int64), 1)
     return counts
 
 
@@ -129,12 +148,9 @@ def write_top_tokens(src: Path, dst: Path, n: int, corpus: Sequence[str | Path] 
         raise ValueError(f"{src} already has a cut vocabulary; cut the model it was made from")
     special = {k: int(f.contents()) for k, f in reader.fields.items()
                if k.startswith("tokenizer.ggml.") and k.endswith("_token_id")}
-    vocab = source_tokenizer(src)
-    try:
+    with source_vocab(src) as vocab:
         counts = count_tokens(vocab, corpus, len(tokens)) if corpus else None
         always = [*special.values(), *eog_tokens(vocab, len(tokens))]
-    finally:
-        vocab.close()
     keep = kept_tokens(types, n, always, counts)  # [n] source ids, ascending
     new_id = {int(old): new for new, old in enumerate(keep)}
     kept_text = {tokens[i] for i in keep}
