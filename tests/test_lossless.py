@@ -77,7 +77,10 @@ GGUF_LIBS = {"gguf": "llama.cpp", "ik": "ik_llama.cpp"}  # the cells' backend ke
 FRSPEC_CELLS = [("combined_all", 3, "draft", "token"), ("temperature", 4, "draft", "block"),
                 ("top_p", 3, "draft", "gumbel")]
 """Cells run with an FR-Spec drafter (the draft model cut to its 200 lowest ids and the 3 control tokens of 283)."""
-ALPHA = FWER / (len(MATRIX) + len(GGUF_LIBS) * len(GGUF_CELLS) + len(HF_CELLS) + len(FRSPEC_CELLS))
+FRSPEC_TABLE_CELLS = [(name, 3, "draft", verify) for name in SETTINGS for verify in ("token", "block", "gumbel")]
+"""Cells run with the table models' FR-Spec drafter (the noisy draft over 25 of the 40 tokens)."""
+ALPHA = FWER / (len(MATRIX) + len(GGUF_LIBS) * len(GGUF_CELLS) + len(HF_CELLS) + len(FRSPEC_CELLS)
+                + len(FRSPEC_TABLE_CELLS))
 
 
 def cell_seed(*key) -> int:
@@ -220,6 +223,49 @@ def test_lossless_frspec_drafter(frspec_pair, name, k, method, verify):
     assert len(table.probs) >= 4
     assert stats["proposed"] > 0 and stats["accepted"] > 0, stats
     assert fit.p_value > ALPHA, (name, k, method, verify, fit.chi2, fit.dof, fit.p_value, fit.tv, stats)
+
+
+class CutTableLM(TableLM):
+    """The noisy table draft over the tokens ``keep`` only, in its own ids (as ``make-draft --top-tokens`` writes
+    a GGUF drafter): ``vocab_map`` = ``keep``, so the engine runs it through :class:`MappedDraft`."""
+
+    def __init__(self, keep, **kwargs):
+        super().__init__(vocab=40, **kwargs)
+        self.vocab_map = np.asarray(keep, np.int64)
+        self.n_vocab, self.eog_ids = len(keep), frozenset({keep.index(EOG)})
+
+    def logits_after(self, context):
+        return super().logits_after([int(self.vocab_map[t]) for t in context])[self.vocab_map]
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return f"<{self.vocab_map[token_id]}>".encode()
+
+
+@pytest.fixture(scope="module")
+def frspec_table_pair():
+    target = TableLM(vocab=40, seed=0)
+    engine = Engine(target, CutTableLM(list(range(24)) + [EOG], seed=0, noise=0.5), SpecConfig(method="draft"))
+    prompt = greedy_chain(target.logits_after, [3], 24, target.eog_ids)
+    return engine, prompt, target.logits_after
+
+
+def test_frspec_table_cells_have_mass_outside_the_set(frspec_table_pair):
+    """The cells below test something: the target gives the tokens outside the drafter's set real mass."""
+    engine, prompt, logits_after = frspec_table_pair
+    logits = np.asarray(logits_after(prompt), np.float64)  # the first token's, at temperature 1
+    p = np.exp(logits - logits.max())
+    assert p[24:EOG].sum() / p.sum() > 0.2
+
+
+@pytest.mark.parametrize("name, k, method, verify", FRSPEC_TABLE_CELLS)
+def test_lossless_frspec_table_drafter(frspec_table_pair, name, k, method, verify):
+    """Every sampling setting with a drafter over 25 of the 40 tokens (q = 0 on the other 15), N = 500."""
+    engine, prompt, logits_after = frspec_table_pair
+    params = SETTINGS[name].replace(seed=cell_seed("frspec-table", name, k, method, verify))
+    table, fit, stats = run_cell(engine, prompt, logits_after, params, k, method, verify)
+    assert len(table.probs) >= 4
+    assert stats["proposed"] > 0 and stats["accepted"] > 0, stats
+    assert fit.p_value > ALPHA, (name, k, method, verify, fit.chi2, fit.dof, fit.p_value, fit.tv)
 
 
 # -- power: the same test rejects lossy engines -------------------------------------------------------

@@ -8,7 +8,7 @@ from conftest import tiny_backend
 from specdec.backends.vocab_map import MappedDraft, check_map, mapped, read_vocab_map
 from specdec.cli.top_tokens import write_top_tokens
 from specdec.engine import Engine
-from specdec.params import SpecConfig
+from specdec.params import SamplingParams, SpecConfig
 
 N = 250  # of the tiny vocabulary's 283: ids 0..246 and the 3 control tokens 280..282
 
@@ -85,3 +85,22 @@ def test_check_map():
     check_map(np.array([0, 5, 2]), 3, 6, "d")
     with pytest.raises(ValueError, match="outside"):
         check_map(np.array([-1, 5, 2]), 3, 6, "d")
+
+
+def test_requests_stepped_together_through_a_cut_drafter(cut_path, tiny_target, gguf_backend):
+    """Three greedy requests in each step (one draft call holds several sequences, each mapped): every output is
+    its plain decoding's."""
+    with tiny_backend(cut_path, gguf_backend) as draft:
+        engine = Engine(tiny_target, draft, SpecConfig(method="draft", num_speculative_tokens=3))
+        greedy = SamplingParams(temperature=0.0, max_tokens=20)
+        prompts = ["The quick brown fox", "in the sea", "a cat sat on"]
+        plain = [engine.generate(p, greedy, SpecConfig(method="none")).token_ids for p in prompts]
+        reqs = [engine.new_request(p, greedy) for p in prompts]
+        try:
+            while not all(r.finished for r in reqs):
+                engine.step([r for r in reqs if not r.finished]).raise_failure()
+            got = [r.chunk().result.token_ids for r in reqs]
+        finally:
+            for r in reqs:
+                r.close()
+        assert got == plain
