@@ -104,3 +104,25 @@ def test_requests_stepped_together_through_a_cut_drafter(cut_path, tiny_target, 
             for r in reqs:
                 r.close()
         assert got == plain
+
+
+@pytest.mark.parametrize("mode", ["greedy", "seeded"])
+def test_same_output_under_a_schema_through_a_cut_drafter(tiny_target_path, tiny_target, tmp_path, mode):
+    """A grammar with a drafter over 197 normal tokens (the space byte, id 220, among those cut): the same tokens
+    as plain decoding, greedy and seeded (the grammar's vocabulary is the target's, shared)."""
+    from specdec.grammar import GrammarSpec
+    from specdec.params import SamplingParams
+
+    path = tmp_path / "cut200.gguf"
+    write_top_tokens(tiny_target_path, path, 200)
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                               "age": {"type": "integer"}}, "required": ["name", "age"]}
+    params = SamplingParams(max_tokens=60, grammar=GrammarSpec.json_schema(schema))
+    if mode == "seeded":
+        params = params.replace(temperature=1.0, seed=11)
+    with tiny_backend(path) as draft:
+        engine = Engine(tiny_target, draft, SpecConfig(method="draft"))
+        for prompt in ("hello world", "The quick brown fox"):
+            plain = engine.generate(prompt, params, SpecConfig(method="none"))
+            spec = engine.generate(prompt, params, SpecConfig(method="draft", num_speculative_tokens=4))
+            assert spec.token_ids == plain.token_ids and spec.stats.proposed > 0, prompt
