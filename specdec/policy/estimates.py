@@ -15,11 +15,6 @@ from specdec.types import ALONE, Load
 from specdec.proposers.base import Outcome, Proposal, is_draft_kind
 from specdec.proposers.prediction import KIND as PREDICTION
 
-CALIBRATE_ALONE = False
-"""On: alone, a kind's estimates are calibrated too, but only downward and only for the share that comes from the
-engine's pool (:meth:`RequestEstimates._calibrated`). Off: alone they are never calibrated (the rule measured in
-every table up to issue 47; ``docs/bench/policy`` compares the two)."""
-
 START_K = 2
 """``auto``'s first cap on drafts per step for each kind of proposal in a request (see
 :meth:`RequestEstimates.slow_start_cap`)."""
@@ -59,53 +54,28 @@ class RequestEstimates:
         return self._cap.get(source, START_K)
 
     def shared(self, load: Load) -> bool:
-        """True when ``auto`` is planning a call shared with other sequences: there its estimates are
-        calibrated in full (:class:`~specdec.policy.acceptance.Calibration`): in a busy call the gain is a few
+        """True when ``auto`` is planning a call shared with other sequences: only there are its estimates
+        calibrated (:class:`~specdec.policy.cost.Calibration`). Alone, a draft that disappoints costs this
+        request alone and its own statistics correct it within a few steps; in a busy call the gain is a few
         percent at best and the whole batch pays for the error."""
         return self.adaptive and load.sequences > 0
-
-    def _calibrated(self, kind: str, accept: np.ndarray, load: Load) -> np.ndarray:
-        """``accept`` (``[K] float64``) calibrated for ``kind``: in a shared call by the calibration's
-        ``gamma``; alone (with :data:`CALIBRATE_ALONE`) by ``g = 1 - (1 - gamma) s / (n + s)`` when
-        ``gamma < 1``, where ``n`` is this request's own blocks of this kind that reached the first draft
-        (decayed) and ``s`` the pool's weight in its estimate (:data:`~specdec.policy.acceptance.REQUEST_STRENGTH`):
-        the correction applies to the pool's share and fades as the request's own evidence grows.
-
-        Why alone too: on a short answer (a chat's second turn, 36-55 tokens) a request has no evidence of its
-        own, and ``auto`` bet 2-4 times an answer on weak matches whose pooled estimates (learned on other
-        requests) put them 4-19% above plain, all rejected: each a step ~1.25x a plain one on the Xeon
-        (``docs/bench/invariance/README.md``), 0.98x plain in that category. The calibration measures exactly
-        that over-rating (the winner's curse of choosing the estimates that look best), so it is used where the
-        estimate rests on the pool; never upward alone, where an under-rating costs only a missed bet."""
-        if len(accept) == 0 or not self.adaptive:
-            return accept
-        cal = self.cost.calibration(kind)
-        if load.sequences > 0:
-            return cal.apply(accept)
-        gamma = cal.gamma
-        if not CALIBRATE_ALONE or gamma >= 1.0:
-            return accept
-        stats = self.stats(kind)
-        g = 1.0 - (1.0 - gamma) * stats.strength / (float(stats.reached[0]) + stats.strength)
-        out = np.array(accept, dtype=np.float64)
-        out[0] *= g
-        return out
 
     def accept(self, source: str, order: int, available: int, load: Load = ALONE,
                calibrated: bool = True) -> np.ndarray:
         """``[min(available, cap)] float64`` conditional acceptance estimates of ``source`` (``"ngram"``,
         whose kind is ``ngram{order}``, ``"suffix"`` or a drafter's kind), capped by :meth:`slow_start_cap`; with
-        ``calibrated``, scaled by what the engine's choices of that kind earned (:meth:`_calibrated`)."""
+        ``calibrated`` in a call shared under ``load`` (:meth:`shared`), scaled by what the engine's choices
+        of that kind earned."""
         kind = kind_of(source, order)
         accept = self.stats(kind).conditional(min(available, self.slow_start_cap(source)))
-        return self._calibrated(kind, accept, load) if calibrated else accept
+        return self.cost.calibration(kind).apply(accept) if calibrated and self.shared(load) else accept
 
     def suffix_accept(self, proposal: Proposal, load: Load = ALONE, calibrated: bool = True) -> np.ndarray:
         """``[min(k', cap)] float64``: per draft of a suffix path, the smaller of its count confidence and what
         suffix proposals have earned at that position (then calibrated, as :meth:`accept`)."""
         learned = self.accept("suffix", 0, len(proposal.tokens), calibrated=False)
         accept = np.minimum(learned, np.asarray(proposal.confidence[: len(learned)], dtype=np.float64))
-        return self._calibrated("suffix", accept, load) if calibrated else accept
+        return self.cost.calibration("suffix").apply(accept) if calibrated and self.shared(load) else accept
 
     def observe(self, outcome: Outcome) -> None:
         """Update the statistics of the kind just verified, and (``auto``) its slow start. The engine's pooled

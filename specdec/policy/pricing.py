@@ -44,9 +44,9 @@ that many sequences, and a draft token was measured to cost more than another se
 priced at no less than ``beta`` a token, the measured seconds a draft token adds to a shared call
 (:mod:`specdec.policy.batch_cost`, :meth:`~specdec.policy.cost.CostModel.shared_curve`). (b) The acceptance estimates are scaled by what
 the choices of their kind earned (:class:`~specdec.policy.acceptance.Calibration`): choosing the option that looks best makes the chosen
-ones' estimates run high, and a few percent of overrating decides whether a draft in a busy call pays; alone,
-only the share of an estimate that rests on the engine's pool is corrected, downward
-(:meth:`~specdec.policy.estimates.RequestEstimates.accept`).
+ones' estimates run high, and a few percent of overrating decides whether a draft in a busy call pays (alone,
+the same correction applied to the pool's share of an estimate lost more on copying answers than it saved on
+prose: ``docs/bench/policy/README.md``).
 
 Each step takes the option of highest rate, a plain step (``k = 0``) included, so speculation switches itself
 off where it does not pay.

@@ -126,50 +126,25 @@ def test_calibration_starts_neutral_and_follows_what_was_earned():
     assert cal.gamma == pytest.approx(1.0, abs=0.02)
 
 
-def test_auto_calibrates_in_full_when_shared_and_alone_the_pools_share_only(monkeypatch):
-    """An n-gram copy that keeps disappointing: after the engine's calibration has seen it, ``auto`` takes a
-    plain step where it drafted before, in a busy call and alone in a fresh request (whose estimate is the
-    pool's); alone, the correction fades as the request's own blocks of that kind are accepted, and it
-    drafts again (:meth:`RequestEstimates._calibrated`)."""
-    from specdec.policy import estimates
-
-    monkeypatch.setattr(estimates, "CALIBRATE_ALONE", True)
+def test_auto_records_its_expectation_and_calibrates_shared_calls_only():
+    """An n-gram copy that keeps disappointing: after the engine's calibration has seen it, ``auto`` in a
+    busy call takes a plain step where it drafted before; the same proposer alone still drafts."""
     cost = _cost_with_cheap_table(per_token=0.012)
     text = [5, 6, 7, 8, 9] * 8  # a repeated pattern: n-gram matches everywhere
     load = Load(tokens=1, committed=1.0, sequences=1)  # one other request in the call
 
-    def propose(alone: bool, own_blocks: int = 0):
+    def propose(alone: bool):
         p = AutoProposer(cost_model=cost)
         p.prepare(text)
-        for _ in range(own_blocks):  # this request's own evidence: whole blocks of the kind accepted
-            p.observe(Outcome(Proposal(tokens=[5, 6], kind="ngram3"), 0, 2, 2, len(text)))
         return p.propose(text, 8, GREEDY, np.random.default_rng(0), load=ALONE if alone else load)
 
     first = propose(alone=False)
     assert first.tokens and first.kind == "ngram3" and first.expected > 0
-    assert propose(alone=True).tokens
     for _ in range(40):  # what such drafts earned: none accepted (the calibration alone, not the pool)
         cost.calibration(first.kind).observe(first.expected, 0)
     assert cost.calibration("ngram3").gamma < 0.5
     assert propose(alone=False).tokens == []
-    assert propose(alone=True).tokens == []
-    assert propose(alone=True, own_blocks=6).tokens  # its own evidence outweighs the pool's correction
-    monkeypatch.setattr(estimates, "CALIBRATE_ALONE", False)  # the other rule: alone, never calibrated
     assert propose(alone=True).tokens
-
-
-def test_alone_the_calibration_never_raises_an_estimate(monkeypatch):
-    from specdec.policy import estimates
-
-    monkeypatch.setattr(estimates, "CALIBRATE_ALONE", True)
-    cost = CostModel()
-    for _ in range(40):  # choices of this kind earned more than expected: gamma > 1
-        cost.calibration("ngram2").observe(0.5, 2)
-    assert cost.calibration("ngram2").gamma > 1
-    p = AutoProposer(cost_model=cost)
-    raw = p.estimates.accept("ngram", 2, 4, calibrated=False)
-    assert np.array_equal(p.estimates.accept("ngram", 2, 4), raw)
-    assert p.estimates.accept("ngram", 2, 4, load=Load(tokens=1, committed=1.0, sequences=1))[0] > raw[0]
 
 
 def test_the_step_report_feeds_the_calibration_of_the_proposals_kind():
