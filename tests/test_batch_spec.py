@@ -1,5 +1,5 @@
 """Batch-aware speculation: ``auto`` prices a request's drafts at their marginal cost in the shared target
-call (eq. (3) of :mod:`specdec.policy.cost`). Cost curves are injected (no timed tests): on a compute-bound
+call (eq. (3) of :mod:`specdec.policy.pricing`). Cost curves are injected (no timed tests): on a compute-bound
 curve, S(n) = a + b n, speculation pays alone and turns itself off as the batch grows; on a flat, GPU-like
 curve it keeps paying. Acceptance is frozen too, so every choice follows from the curve alone."""
 
@@ -193,7 +193,7 @@ def test_each_proposer_is_told_the_others_tokens_and_commits():
         for r in reqs:
             r.close()
     for i in range(3):
-        # a prompt chunk is left out of B (eq. (3) of specdec.policy.cost): drafts are priced against the decodes
+        # a prompt chunk is left out of B (eq. (3) of specdec.policy.pricing): drafts are priced against the decodes
         assert first[i].tokens == sum(k + 1 for j, k in enumerate((1, 2, 3)) if j != i)
         assert first[i].committed == pytest.approx(sum(c for j, c in enumerate(committed) if j != i))
         # ... except that a prompt's last chunk counts as one plain decode token
@@ -215,7 +215,9 @@ def probe_choice(seconds, load: Load):
     plain = cost.plain(True, load)
     best = cost.best_k(p.estimates.accept("ngram", order, len(match), load), lambda j: 0.0, True, load=load)
     best = type(best)("ngram", best.k, best.tokens, best.seconds)
-    probe = p._probe(best, match, order, 16, {}, True, plain, load=load)
+    from specdec.proposers import EMPTY_PROPOSAL
+
+    probe = p._probe(best, p._offers(match, order, 16, EMPTY_PROPOSAL, {}, True, load), True, plain, load=load)
     return probe, plain, PROBE_COST
 
 
