@@ -214,17 +214,17 @@ class AutoProposer(Sources):
             # no option can beat a plain step: price them only when a probe wants the best of them (a probe is
             # counted only when there is an option, as below)
             drafters = (None if match or suffix.tokens or self._predicted
-                        else self._drafters(catchup, k, greedy, plain, load))
+                        else self._drafters(offers, catchup, k, greedy, plain, load))
             if drafters == []:
                 return self._because(plain, "nothing to draft from that could pay")
             if not self.probe.should_probe(share):
                 return self._because(plain, "no option can beat plain, even by a bound on its acceptance")
-            drafters = self._drafters(catchup, k, greedy, plain, load) if drafters is None else drafters
+            drafters = self._drafters(offers, catchup, k, greedy, plain, load) if drafters is None else drafters
             best = self._best(offers, greedy, suffix, drafters, load)
             probe = best is not None and self._probe(best, offers, greedy, plain, load)
             return self._because(probe, "a probe: refresh the best option's acceptance after plain steps") if probe \
                 else self._because(plain, "no option can beat plain; no probe fits its budget")
-        best = self._best(offers, greedy, suffix, self._drafters(catchup, k, greedy, plain, load), load)
+        best = self._best(offers, greedy, suffix, self._drafters(offers, catchup, k, greedy, plain, load), load)
         if best is not None and best.rate > plain.rate:
             self.probe.speculating()
             return self._because(best, f"the best option: {best.rate / plain.rate:.2f}x plain's rate")
@@ -261,13 +261,12 @@ class AutoProposer(Sources):
                                                                                          drafter=kind))
         return offers
 
-    def _drafters(self, catchup: dict[str, int], k: int, greedy: bool, plain: Choice, load: Load) -> list[str]:
-        """The drafters worth pricing: those that could pay with every draft accepted (:meth:`_could_pay`; that
-        none can is the usual verdict on a CPU)."""
-        cm = self.cost
+    def _drafters(self, offers: dict[str, Offer], catchup: dict[str, int], k: int, greedy: bool, plain: Choice,
+                  load: Load) -> list[str]:
+        """The drafters worth pricing: those that could pay with every draft accepted (:meth:`_could_pay`, at
+        their :attr:`Offer.cost`; that none can is the usual verdict on a CPU)."""
         return [kind for kind in self.drafts
-                if self._could_pay(kind, lambda j, kind=kind: cm.draft_seconds(j, catchup[kind], greedy, drafter=kind),
-                                   catchup[kind], k, greedy, plain, load)]
+                if self._could_pay(kind, offers[kind].cost, catchup[kind], k, greedy, plain, load)]
 
     def _best(self, offers: dict[str, Offer], greedy: bool, suffix: Proposal, drafters: list[str],
               load: Load) -> Choice | None:
