@@ -8,7 +8,9 @@ a call of two or more. :class:`~specdec.backends.ik_exact.IkExactBackend` theref
 to two rows, which costs 5-41% of a decoding step by CPU kind (``docs/bench/invariance/``). The patch
 (``patches/ik_exact_one_row.patch``) makes every such shortcut take the general path and exports
 ``specdec_exact_one_row()`` as its mark; with it a one-row call computes what a row of a many-row call does,
-and the backend stops padding.
+and the backend stops padding. A second patch (``patches/ik_paged_kv.patch``) adds paged KV placement, so that
+exact numerics batch several sequences into one forward pass (:mod:`specdec.backends.ik_exact`); :func:`verify`
+scores a second sequence in the same calls, so equal logits check that too.
 
 The build keeps the wheel's instruction set (AVX, AVX2, FMA, F16C; ``-DGGML_NATIVE=OFF``), so its multi-row
 arithmetic is the wheel's, and is accepted only when :func:`verify` finds a real model's logits bitwise equal
@@ -48,6 +50,14 @@ MARKER = "specdec_exact_one_row"
 """The function the patch exports: present and returning 1 in a library whose one-row calls are exact."""
 
 PATCH = Path(__file__).with_name("patches") / "ik_exact_one_row.patch"
+
+PAGED_PATCH = Path(__file__).with_name("patches") / "ik_paged_kv.patch"
+"""Paged KV placement (``specdec_kv_paged``, ``specdec_kv_seq_copy``): many sequences in one context, each row's
+attention over its own cells at the offsets a context of its own would give them, so that exact numerics batch
+(:mod:`specdec.backends.ik_exact`)."""
+
+PATCHES = (PATCH, PAGED_PATCH)
+"""Applied in this order to the pinned sources."""
 
 SDIST = f"ik_llama_cpp_python-{IK_VERSION}.tar.gz"
 SDIST_SHA256 = "33c67eb99e4dcab5e611050433243815709b8b3067753f9ce18375013cf002ad"
@@ -127,8 +137,9 @@ def fetch_sources(work: Path, log) -> Path:
     with tarfile.open(archive) as t:
         t.extractall(work, filter="data")
     src = work / f"ik_llama_cpp_python-{IK_VERSION}" / "vendor" / "ik_llama.cpp"
-    tool = ["git", "apply", "-p1", str(PATCH)] if shutil.which("git") else ["patch", "-p1", "-i", str(PATCH)]
-    _run(tool, log, cwd=src)
+    for patch in PATCHES:
+        tool = ["git", "apply", "-p1", str(patch)] if shutil.which("git") else ["patch", "-p1", "-i", str(patch)]
+        _run(tool, log, cwd=src)
     return src
 
 
@@ -150,19 +161,29 @@ def score(model: Path) -> tuple[np.ndarray, bool, int | None]:
     """Logits of :data:`VERIFY_TEXT` on ``model`` through :class:`~specdec.backends.ik_exact.IkExactBackend`
     (the library this process loads): a 6-token prefill (its last two rows), then one-token calls (16), then
     three-token calls (4): ``[30, n_vocab] float32``; and whether the one-token calls were padded (with the
-    wheel they are, with a marked build not); and the model's GGUF file type."""
+    wheel they are, with a marked build not); and the model's GGUF file type.
+
+    A second sequence (the text reversed) is evaluated in the same :meth:`eval` calls: with the wheel it lives in a
+    context of its own, with a build that places sequences in pages of a shared context (``specdec_kv_paged``) it
+    shares the first one's forward passes and cache, so equal rows also verify that placement.
+    """
     from specdec.backends.ik_exact import IkExactBackend
 
-    b = IkExactBackend(model, n_ctx=256, n_seq_max=1, n_threads=2, name="verify")
-    b.pads_one_token = not b._lib.one_row_exact  # (a build's file types are recorded once verified)
+    # trust the build's mark: its file types are recorded once verified
+    b = IkExactBackend(model, n_ctx=256, n_seq_max=2, n_threads=2, name="verify", one_row_exact=True)
     try:
         tokens = b.tokenize(VERIFY_TEXT)
+        other = tokens[::-1]
         if len(tokens) < 34:
             raise BackendError(f"{model}: the verification text is {len(tokens)} tokens, need 34")
-        seq, rows, at = b.new_sequence(), [], 6
-        rows.append(b.eval({seq: (tokens[:at], 2)})[seq])
-        for size in [1] * 16 + [3] * 4:
-            rows.append(b.eval({seq: (tokens[at:at + size], size)})[seq])
+        seq, side = b.new_sequence(), b.new_sequence()
+        rows = [b.eval({side: (other[:11], 1), seq: (tokens[:6], 2)})[seq]]
+        at = 6
+        for i, size in enumerate([1] * 16 + [3] * 4):
+            calls = {seq: (tokens[at:at + size], size)}
+            if i % 3 != 2:  # the other sequence in most calls, one token or two
+                calls[side] = ([other[(11 + i) % len(other)]] * (1 + i % 2), 1)
+            rows.append(b.eval(calls)[seq])
             at += size
         return np.concatenate(rows), b.pads_one_token, b.file_type
     finally:
@@ -249,6 +270,7 @@ def build(models: list[Path], jobs: int = 2, log_path: Path | None = None, say=p
             raise BackendError(f"the build's logits differ from the wheel's ({json.dumps(verdict['models'])}); "
                                "not installed: the wheel's padded calls stay in use")
         record = {"ik_version": IK_VERSION, "cpu": cpu_key(), "cmake": list(CMAKE_ARGS),
+                  "patches": [p.name for p in PATCHES],
                   "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                   "build_seconds": round(time.monotonic() - started), **verdict}
         (staged / "verified.json").write_text(json.dumps(record, indent=1))

@@ -22,7 +22,16 @@ wheel, ``docs/bench/invariance/``):
 The price: sequences are no longer batched into one forward pass (a server's clients take turns; on a
 2-core CPU batching several sequences bought little, ``docs/bench/serving-*``), a one-token decode costs a
 two-token call, and copying a prefix copies its KV cells (``docs/bench/invariance/README.md``, "What it
-costs"). What it buys: the same token ids for the same request whatever the method, ``k``, the other
+costs").
+
+**Batched, with specdec's build** (``specdec kernels --build``: ``patches/ik_paged_kv.patch`` on top of the one-row
+patch): the library places each sequence's tokens in pages of :data:`PAGE` cells of its own in ONE shared
+context (``specdec_kv_paged``; PagedAttention's layout, Kwon et al. 2023, arXiv 2309.06180), writes each token's
+K/V to its own cell (``ggml_set_rows``), and copies a prefix cell by cell into the copy's own pages
+(``specdec_kv_seq_copy``). A row then attends over its own cells at the offsets and in the order a context of its
+own would hold them, the other sequences' cells masked in between, so its logits are bitwise the same, and all
+sequences of a step share one forward pass (``tests/backends/test_ik_paged.py``). A saved state cannot be restored
+into that layout: finished sequences are parked instead of saved. What it buys: the same token ids for the same request whatever the method, ``k``, the other
 requests, the prefix cache, the prefill chunk size or the thread count (``tests/test_same_output.py``).
 
 This module knows nothing about sampling or speculation; it is not thread-safe.
@@ -31,6 +40,7 @@ This module knows nothing about sampling or speculation; it is not thread-safe.
 from __future__ import annotations
 
 import ctypes
+import os
 from typing import Sequence
 
 import numpy as np
@@ -45,6 +55,17 @@ MAX_SEQUENCES = 24
 """Most sequences holding tokens at once in one :class:`IkExactBackend` (a context each, two entries of the
 process's table of :data:`~specdec.backends.ik_llama_cpp.MAX_CONTEXTS`), leaving room for the models, a
 draft model's context and another backend."""
+
+PAGE = 16
+"""KV cells a page holds under paged placement (:class:`IkExactBackend` on a build with ``specdec_kv_paged``): a
+sequence's positions ``[16 j, 16 j + 16)`` in one page of its own, position ``p`` at offset ``p % 16``, its pages
+rising with its positions. Measured on the pinned sources (``docs/bench/invariance/shared_layout_probe.py``): a
+row's attention sums are bitwise those of a context holding its sequence alone (cell = position) whenever its cells
+keep their offsets modulo 16 and their order, whatever other sequences' cells lie between them."""
+
+PAGED_ENV = "SPECDEC_IK_PAGED"
+"""Environment variable: ``0`` keeps a context per sequence even where the library offers paged placement (for
+side-by-side measurements)."""
 
 MIN_BATCH = 3
 """Fewest tokens per call (``n_batch``) of :class:`IkExactBackend`: see :func:`exact_chunks`."""
@@ -90,15 +111,45 @@ class IkExactBackend(IkLlamaCppBackend):
 
     numerics = "exact"
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, one_row_exact: bool | None = None, **kwargs):
         n_batch = kwargs.get("n_batch", args[4] if len(args) > 4 else 512)
         if n_batch < MIN_BATCH:
             raise ValueError(f"n_batch must be >= {MIN_BATCH} for batch-invariant scoring, got {n_batch}")
+        self._one_row_exact = one_row_exact
         super().__init__(*args, **kwargs)
-        # unpadded only on a build verified for this kind of GGUF (its quantization types' kernels)
-        self.pads_one_token = self.file_type not in getattr(self._lib, "one_row_file_types", ())
 
     def _open_contexts(self, n_cells: int | None, side_prefill: bool) -> None:
+        # unpadded only on a build verified for this kind of GGUF (its quantization types' kernels), or where the
+        # caller says the build's mark is to be trusted (verifying a new build: specdec.backends.ik_build.score)
+        lib = self._lib
+        exact = self._one_row_exact
+        exact = self.file_type in getattr(lib, "one_row_file_types", ()) if exact is None else exact and lib.one_row_exact
+        self.pads_one_token = not exact
+        self.paged = exact and getattr(lib, "paged_kv", False) and not self.recurrent \
+            and os.environ.get(PAGED_ENV) != "0"
+        if self.paged:
+            self._open_paged(n_cells)
+        else:
+            self._open_private(n_cells)
+
+    def _open_paged(self, n_cells: int | None) -> None:
+        # One context for all sequences, paged: a sequence may take a page more than its n_ctx tokens fill, and a
+        # page per sequence is left over for the order rule (a new page above the sequence's highest)
+        pages = -(-(n_cells or self.n_ctx * self.n_seq_max) // PAGE) + 2 * self.n_seq_max
+        self._ctx = self._new_context(pages * PAGE)
+        if not self._ctx:
+            self.close()
+            raise BackendError(f"ik_llama.cpp could not create a context of {pages * PAGE} KV cells")
+        if self._lib.specdec_kv_paged(self._ctx, PAGE) != 1:
+            self.close()
+            raise BackendError(f"{self._lib.path}: refused paged KV placement on a new context of {self.name}")
+        self._holes = False
+        self.side_prefill = False  # a row attends over its own cells only anyway
+        self._calls = self._ctx
+        self._ctxs, self._pool = {}, []
+        self.n_contexts = 1
+
+    def _open_private(self, n_cells: int | None) -> None:
         # Contexts of n_ctx + 1 cells each (+ 1: the padding token of a full sequence), as many as n_cells allows
         # (default: one per sequence id). The first is created now: creating one takes a noticeable time (its KV
         # cache and its attention buffers for a full-length prompt chunk; docs/bench/invariance/README.md, "What
@@ -125,8 +176,9 @@ class IkExactBackend(IkLlamaCppBackend):
 
     @property
     def capacity(self) -> int:
-        """Sequences that can hold tokens at once: one a context (see :class:`~specdec.backends.base.SequencePool`)."""
-        return self.n_contexts
+        """Sequences that can hold tokens at once: one a context, or ``n_seq_max`` paged (see
+        :class:`~specdec.backends.base.SequencePool`)."""
+        return self.n_seq_max if self.paged else self.n_contexts
 
     def _create(self) -> int:
         """A new empty context for one sequence.
@@ -160,9 +212,12 @@ class IkExactBackend(IkLlamaCppBackend):
         return ctx
 
     def _holder(self, seq_id: int):
-        return self._context(seq_id)
+        return self._ctx if self.paged else self._context(seq_id)
 
     def _reset(self, seq_id: int) -> None:
+        if self.paged:
+            self._lib.llama_kv_cache_seq_rm(self._ctx, seq_id, -1, -1)
+            return
         ctx = self._ctxs.pop(seq_id, None)
         if ctx is not None:  # emptied, back to the pool
             self._lib.llama_kv_cache_seq_rm(ctx, -1, 0, -1)
@@ -171,6 +226,8 @@ class IkExactBackend(IkLlamaCppBackend):
     # -- the sequence calls ------------------------------------------------------------------------
 
     def _drop(self, seq_id: int, n_tokens: int) -> bool:
+        if self.paged:  # its pages free as their last cells do
+            return bool(self._lib.llama_kv_cache_seq_rm(self._ctx, seq_id, n_tokens, -1))
         ctx = self._ctxs.get(seq_id)
         if ctx is None:
             return True  # never evaluated: holds nothing
@@ -183,6 +240,9 @@ class IkExactBackend(IkLlamaCppBackend):
         # lays out from cell 0 up, in position order, as if it had evaluated the tokens itself.
         if self.recurrent:
             return False
+        if self.paged:  # into pages of dst's own, cell by cell (specdec_kv_seq_copy)
+            self._lib.llama_kv_cache_seq_rm(self._ctx, dst, -1, -1)
+            return self._lib.specdec_kv_seq_copy(self._ctx, src, dst, n_tokens) == 0
         try:
             state = GGUFBackend._save(self, src)
             loaded = state is not None and GGUFBackend._load(self, dst, state)
@@ -193,7 +253,13 @@ class IkExactBackend(IkLlamaCppBackend):
             return False
         return self._drop(dst, n_tokens)
 
+    def _save(self, seq_id: int) -> bytearray | None:
+        # paged: a state cannot be restored into pages (the library refuses): finished sequences are parked instead
+        return None if self.paged else super()._save(seq_id)
+
     def _load(self, seq_id: int, state: bytearray) -> bool:
+        if self.paged:
+            return False
         self._drop(seq_id, 0)
         try:
             return GGUFBackend._load(self, seq_id, state)
@@ -210,11 +276,13 @@ class IkExactBackend(IkLlamaCppBackend):
         return self._lib.llama_state_seq_set_data(self._context(seq_id), buf, size, _ONLY, 0)
 
     def _compact(self) -> None:
-        pass  # a context holds one sequence, truncated from its end only: never a hole
+        pass  # a context holds one sequence, truncated from its end only: never a hole; paged: n_kv is exact
 
     # -- evaluation --------------------------------------------------------------------------------
 
     def _forward(self, batch: dict[int, tuple[Sequence[int], int]]) -> dict[int, np.ndarray]:
+        if self.paged:  # every sequence in one call: each row attends over its own pages only
+            return GGUFBackend._forward(self, batch)
         # One sequence a call: in its own context it attends over its own cells only.
         return {seq_id: self._forward_one(seq_id, list(tokens), n_logits)
                 for seq_id, (tokens, n_logits) in batch.items()}
@@ -246,7 +314,7 @@ class IkExactBackend(IkLlamaCppBackend):
         return out
 
     def _lib_decode(self) -> int:
-        return self._lib.llama_decode(self._calls, self._batch)
+        return self._lib.llama_decode(self._ctx if self.paged else self._calls, self._batch)
 
     def _lib_free(self) -> None:
         for ctx in [*getattr(self, "_ctxs", {}).values(), *getattr(self, "_pool", ())]:

@@ -99,6 +99,12 @@ _DECLARED = {
     "llama_log_set": ([_log_callback, _c.c_void_p], None),
     "llama_set_n_threads": ([_c.c_void_p, _c.c_int32, _c.c_int32], None),
 }
+# The functions of specdec's build of the same sources (specdec.backends.ik_build, patches/ik_paged_kv.patch):
+# paged KV placement on an empty context, and a sequence's copy under it (src/llama.cpp of the patched sources).
+_PAGED = {
+    "specdec_kv_paged": ([_c.c_void_p, _c.c_int32], _c.c_int32),
+    "specdec_kv_seq_copy": ([_c.c_void_p, _c.c_int32, _c.c_int32, _c.c_int32], _c.c_int32),
+}
 # The functions used as the package declares them (ik's llama_tokenize / llama_token_to_piece take the
 # model, where mainline's take the vocab).
 _FROM_PACKAGE = (
@@ -211,6 +217,12 @@ def load_library() -> SimpleNamespace:
     from specdec.backends.ik_kernels import verified_file_types
 
     lib.one_row_file_types = verified_file_types(Path(raw._name)) if lib.one_row_exact else frozenset()
+    # and places each sequence's KV cells in pages of its own (specdec.backends.ik_exact: batched exact numerics)
+    lib.paged_kv = lib.one_row_exact and all(hasattr(raw, n) for n in _PAGED)
+    for name, (argtypes, restype) in _PAGED.items() if lib.paged_kv else ():
+        fn = raw[name]
+        fn.argtypes, fn.restype = argtypes, restype
+        setattr(lib, name, fn)
     if os.environ.get("SPECDEC_VERBOSE") != "1":
         lib.llama_log_set(_quiet_log, None)
     lib.llama_backend_init()
