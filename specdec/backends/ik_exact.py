@@ -148,6 +148,7 @@ class IkExactBackend(IkLlamaCppBackend):
         self._calls = self._ctx
         self._ctxs, self._pool = {}, []
         self.n_contexts = 1
+        self.compactions = 0  # times the pages in use were moved down (_lib_decode), for tests and diagnosis
 
     def _open_private(self, n_cells: int | None) -> None:
         # Contexts of n_ctx + 1 cells each (+ 1: the padding token of a full sequence), as many as n_cells allows
@@ -314,7 +315,15 @@ class IkExactBackend(IkLlamaCppBackend):
         return out
 
     def _lib_decode(self) -> int:
-        return self._lib.llama_decode(self._ctx if self.paged else self._calls, self._batch)
+        if not self.paged:
+            return self._lib.llama_decode(self._calls, self._batch)
+        rc = self._lib.llama_decode(self._ctx, self._batch)
+        # no free page above a sequence's highest while pages are free below: move the pages in use down, in
+        # order (rows do not change), and try once more (a failed placement leaves the cache as it was)
+        if rc == 1 and self._lib.specdec_kv_compact(self._ctx) > 0:
+            self.compactions += 1
+            rc = self._lib.llama_decode(self._ctx, self._batch)
+        return rc
 
     def _lib_free(self) -> None:
         for ctx in [*getattr(self, "_ctxs", {}).values(), *getattr(self, "_pool", ())]:

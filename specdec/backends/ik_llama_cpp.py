@@ -104,6 +104,7 @@ _DECLARED = {
 _PAGED = {
     "specdec_kv_paged": ([_c.c_void_p, _c.c_int32], _c.c_int32),
     "specdec_kv_seq_copy": ([_c.c_void_p, _c.c_int32, _c.c_int32, _c.c_int32], _c.c_int32),
+    "specdec_kv_compact": ([_c.c_void_p], _c.c_int32),
 }
 # The functions used as the package declares them (ik's llama_tokenize / llama_token_to_piece take the
 # model, where mainline's take the vocab).

@@ -133,3 +133,23 @@ def test_a_full_cache_is_refused_and_rolled_back(model):
         assert b.eval({d: (PROMPT + CONT[:30], 1)})[d].shape == (1, b.n_vocab)
     finally:
         b.close()
+
+
+def test_pages_out_of_reach_are_compacted(model, reference):
+    """A sequence's new page must lie above its highest: with free pages only below it, the pages in use move
+    down in order (specdec_kv_compact) and the call goes through, rows unchanged."""
+    b = backend(model, n_ctx=128, n_seq_max=3, n_cells=128)  # 8 + 6 pages
+    try:
+        low, seq, high = b.new_sequence(), b.new_sequence(), b.new_sequence()
+        b.eval({low: (CONT[:40] * 2 + CONT[:16], 0)})  # 96 tokens: pages 0-5
+        b.eval({seq: (PROMPT, 0)})  # pages 6-7
+        b.eval({high: (CONT[:40] * 2, 0)})  # 80 tokens: pages 8-12, one page left at the top
+        b.free_sequence(low)
+        out = []
+        for i in range(len(CONT)):  # seq needs pages 13, then more: only below it, once compacted
+            out.extend(b.eval({seq: (CONT[i:i + 1], 1)})[seq])
+        assert b.compactions >= 1
+        assert np.array_equal(np.array(out), reference)
+        assert b.eval({high: (CONT[:3], 1)})[high].shape == (1, b.n_vocab)  # its pages moved with it
+    finally:
+        b.close()
