@@ -28,10 +28,10 @@ costs").
 patch): the library places each sequence's tokens in pages of :data:`PAGE` cells of its own in ONE shared
 context (``specdec_kv_paged``; PagedAttention's layout, Kwon et al. 2023, arXiv 2309.06180), writes each token's
 K/V to its own cell (``ggml_set_rows``), and copies a prefix cell by cell into the copy's own pages
-(``specdec_kv_seq_copy``). A row then attends over its own cells at the offsets and in the order a context of its
-own would hold them, the other sequences' cells masked in between, so its logits are bitwise the same, and all
-sequences of a step share one forward pass (``tests/backends/test_ik_paged.py``). A saved state cannot be restored
-into that layout: finished sequences are parked instead of saved. What it buys: the same token ids for the same request whatever the method, ``k``, the other
+(``specdec_kv_seq_copy``); a saved state is restored into pages of its own too. A row then attends over its own
+cells at the offsets and in the order a context of its own would hold them, the other sequences' cells masked in
+between, so its logits are bitwise the same, and all sequences of a step share one forward pass
+(``tests/backends/test_ik_paged.py``). What it buys: the same token ids for the same request whatever the method, ``k``, the other
 requests, the prefix cache, the prefill chunk size or the thread count (``tests/test_same_output.py``).
 
 This module knows nothing about sampling or speculation; it is not thread-safe.
@@ -254,26 +254,28 @@ class IkExactBackend(IkLlamaCppBackend):
             return False
         return self._drop(dst, n_tokens)
 
-    def _save(self, seq_id: int) -> bytearray | None:
-        # paged: a state cannot be restored into pages (the library refuses): finished sequences are parked instead
-        return None if self.paged else super()._save(seq_id)
-
     def _load(self, seq_id: int, state: bytearray) -> bool:
-        if self.paged:
-            return False
         self._drop(seq_id, 0)
+        if self.paged:  # the library places the state's positions in pages of the sequence's own
+            return GGUFBackend._load(self, seq_id, state)
         try:
             return GGUFBackend._load(self, seq_id, state)
         except CacheFullError:  # no context free for it
             return False
 
     def _lib_state_size(self, seq_id: int) -> int:
+        if self.paged:
+            return super()._lib_state_size(seq_id)
         return self._lib.llama_state_seq_get_size(self._context(seq_id), _ONLY, 0)
 
     def _lib_state_get(self, seq_id: int, buf, size: int) -> int:
+        if self.paged:
+            return super()._lib_state_get(seq_id, buf, size)
         return self._lib.llama_state_seq_get_data(self._context(seq_id), buf, size, _ONLY, 0)
 
     def _lib_state_set(self, seq_id: int, buf, size: int) -> int:
+        if self.paged:
+            return super()._lib_state_set(seq_id, buf, size)
         return self._lib.llama_state_seq_set_data(self._context(seq_id), buf, size, _ONLY, 0)
 
     def _compact(self) -> None:

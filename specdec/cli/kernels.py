@@ -9,8 +9,8 @@ import os
 
 def add_parser(sub) -> None:
     """Register ``kernels`` on the subcommand parsers ``sub``."""
-    k = sub.add_parser("kernels", help="build ik_llama.cpp kernels that score one token without padding "
-                                       "(exact numerics at plain speed)")
+    k = sub.add_parser("kernels", help="build ik_llama.cpp kernels that score one token without padding and "
+                                       "batch sequences under exact numerics (exact numerics at plain speed)")
     k.add_argument("--build", action="store_true",
                    help="download the pinned ik_llama.cpp sources, patch, compile (6-7 min on 2 cores), verify "
                         "bitwise against the wheel, and install into the cache")
@@ -49,6 +49,11 @@ def run(args: argparse.Namespace) -> int:
     for name, v in s.get("models", {}).items():
         print(f"  {name}: file type {v.get('file_type', '?')}, {v['rows']} rows "
               + ("bitwise equal: unpadded" if v["equal"] else "differ: padded"))
+    if "ik_paged_kv.patch" in s.get("patches", ()):
+        print("paged KV placement: exact numerics batch several sequences into one forward pass")
+    else:  # a build of an earlier specdec: one-row kernels only
+        print("no paged KV placement (built by an earlier specdec): exact numerics give each sequence a context "
+              "and a call of its own; specdec kernels --build again to batch them")
     if s["used"]:
         print("in use: exact numerics score one token without padding")
     else:

@@ -84,10 +84,9 @@ def test_rows_do_not_depend_on_the_call(model_paths, kind):
         backend.eval({holder: (PROMPT + CONT[:6], 0)})
         copied = rows(backend, [3] * 13, copy_from=holder)
         assert np.array_equal(copied, ref[1:])
-        if not backend.paged:  # (paged placement restores no saved state: tests/backends/test_ik_paged.py)
-            state, n = backend.save_sequence(holder), backend.length(holder)
-            backend.truncate(holder, 0)
-            assert backend.load_sequence(holder, state, n)
+        state, n = backend.save_sequence(holder), backend.length(holder)
+        backend.truncate(holder, 0)
+        assert backend.load_sequence(holder, state, n)
         backend.truncate(holder, len(PROMPT) + 1)
         out = backend.eval({holder: (CONT[1:], len(CONT) - 1)})[holder]
         assert np.array_equal(out, ref[1:])
