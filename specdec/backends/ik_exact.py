@@ -128,11 +128,11 @@ class IkExactBackend(IkLlamaCppBackend):
         self.paged = exact and getattr(lib, "paged_kv", False) and not self.recurrent \
             and os.environ.get(PAGED_ENV) != "0"
         if self.paged:
-            self._open_paged(n_cells)
+            self._open_paged(n_cells, side_prefill)
         else:
             self._open_private(n_cells)
 
-    def _open_paged(self, n_cells: int | None) -> None:
+    def _open_paged(self, n_cells: int | None, side_prefill: bool) -> None:
         # One context for all sequences, paged: a sequence may take a page more than its n_ctx tokens fill, and a
         # page per sequence is left over for the order rule (a new page above the sequence's highest)
         pages = -(-(n_cells or self.n_ctx * self.n_seq_max) // PAGE) + 2 * self.n_seq_max
@@ -144,7 +144,10 @@ class IkExactBackend(IkLlamaCppBackend):
             self.close()
             raise BackendError(f"{self._lib.path}: refused paged KV placement on a new context of {self.name}")
         self._holes = False
-        self.side_prefill = False  # a row attends over its own cells only anyway
+        # A long prompt chunk still pays for attending over the other sequences' (masked) cells: as with fast
+        # numerics it goes to the side context (IkLlamaCppBackend), a context holding that one sequence from
+        # cell 0, where its rows are what they are anywhere else; its state then comes back into pages.
+        self.side_prefill = side_prefill and self.n_seq_max > 1
         self._calls = self._ctx
         self._ctxs, self._pool = {}, []
         self.n_contexts = 1
@@ -213,11 +216,11 @@ class IkExactBackend(IkLlamaCppBackend):
         return ctx
 
     def _holder(self, seq_id: int):
-        return self._ctx if self.paged else self._context(seq_id)
+        return super()._holder(seq_id) if self.paged else self._context(seq_id)
 
     def _reset(self, seq_id: int) -> None:
         if self.paged:
-            self._lib.llama_kv_cache_seq_rm(self._ctx, seq_id, -1, -1)
+            self._drop(seq_id, 0)
             return
         ctx = self._ctxs.pop(seq_id, None)
         if ctx is not None:  # emptied, back to the pool
@@ -227,8 +230,8 @@ class IkExactBackend(IkLlamaCppBackend):
     # -- the sequence calls ------------------------------------------------------------------------
 
     def _drop(self, seq_id: int, n_tokens: int) -> bool:
-        if self.paged:  # its pages free as their last cells do
-            return bool(self._lib.llama_kv_cache_seq_rm(self._ctx, seq_id, n_tokens, -1))
+        if self.paged:  # its pages free as their last cells do (or it is in the side context)
+            return super()._drop(seq_id, n_tokens)
         ctx = self._ctxs.get(seq_id)
         if ctx is None:
             return True  # never evaluated: holds nothing
@@ -242,6 +245,8 @@ class IkExactBackend(IkLlamaCppBackend):
         if self.recurrent:
             return False
         if self.paged:  # into pages of dst's own, cell by cell (specdec_kv_seq_copy)
+            if (src == self._side and not self._to_main(src)) or (dst == self._side and not self._drop(dst, 0)):
+                return False
             self._lib.llama_kv_cache_seq_rm(self._ctx, dst, -1, -1)
             return self._lib.specdec_kv_seq_copy(self._ctx, src, dst, n_tokens) == 0
         try:
@@ -284,8 +289,8 @@ class IkExactBackend(IkLlamaCppBackend):
     # -- evaluation --------------------------------------------------------------------------------
 
     def _forward(self, batch: dict[int, tuple[Sequence[int], int]]) -> dict[int, np.ndarray]:
-        if self.paged:  # every sequence in one call: each row attends over its own pages only
-            return GGUFBackend._forward(self, batch)
+        if self.paged:  # every sequence in one call, each row over its own pages (a long chunk: the side context)
+            return super()._forward(batch)
         # One sequence a call: in its own context it attends over its own cells only.
         return {seq_id: self._forward_one(seq_id, list(tokens), n_logits)
                 for seq_id, (tokens, n_logits) in batch.items()}
@@ -317,7 +322,7 @@ class IkExactBackend(IkLlamaCppBackend):
         return out
 
     def _lib_decode(self) -> int:
-        if not self.paged:
+        if not self.paged or self._calls is not self._ctx:  # (paged: a side-context call)
             return self._lib.llama_decode(self._calls, self._batch)
         rc = self._lib.llama_decode(self._ctx, self._batch)
         # no free page above a sequence's highest while pages are free below: move the pages in use down, in

@@ -163,3 +163,30 @@ def test_pages_out_of_reach_are_compacted(model, reference):
         assert b.eval({high: (CONT[:3], 1)})[high].shape == (1, b.n_vocab)  # its pages moved with it
     finally:
         b.close()
+
+
+def test_a_long_chunk_beside_others_goes_to_the_side_context(model):
+    """As with fast numerics, a long prompt chunk meeting many cells of other sequences is evaluated in the side
+    context (a context of its own) and its state restored into pages: rows unchanged."""
+    long_prompt, rest = PROMPT + CONT[:20], CONT[20:]
+    ref = backend(model, paged=False)
+    try:
+        s = ref.new_sequence()
+        expected = [ref.eval({s: (long_prompt, 1)})[s][0]]
+        expected += [ref.eval({s: ([t], 1)})[s][0] for t in rest]
+    finally:
+        ref.close()
+    b = backend(model)
+    try:
+        rng = np.random.default_rng(5)
+        others = [b.new_sequence() for _ in range(2)]
+        for o in others:
+            b.eval({o: ([int(t) for t in rng.integers(0, 250, 140)], 0)})  # 280 cells held by others
+        seq = b.new_sequence()
+        got = [b.eval({seq: (long_prompt, 1), others[0]: ([3], 1)})[seq][0]]
+        assert b.side_chunks == 1
+        for t in rest:
+            got.append(b.eval({seq: ([t], 1), others[1]: ([int(rng.integers(0, 250))], 1)})[seq][0])
+        assert np.array_equal(np.array(got), np.array(expected))
+    finally:
+        b.close()
