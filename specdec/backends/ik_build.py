@@ -17,7 +17,7 @@ arithmetic is the wheel's, and is accepted only when :func:`verify` finds a real
 between the wheel (padded calls) and the build (one-row calls) over a fixed token sequence: greedy and seeded
 outputs do not change with it. The record names the GGUF file types verified (``general.file_type``, e.g.
 Q4_K_M; each is a mix of quantization types whose kernels were exercised): a model of another file type keeps
-the padding until ``specdec kernels --build --model it.gguf`` verifies it. It is built by ``specdec kernels --build`` (6-7 minutes on 2 cores),
+the padding until ``specdec kernels --build --model it.gguf`` verifies it. It is built by ``specdec kernels --build`` (4-7 minutes on 2 cores),
 into ``cache_dir()/kernels/ik-<version>-<cpu>/`` (the CPU: a hash of its model name and flags), renamed
 into place only once verified. ``SPECDEC_IK_LIB`` (another library) takes precedence; ``SPECDEC_IK_BUILD=0``
 ignores the cached build.
@@ -234,6 +234,20 @@ def verify(library: Path, models: list[Path], log) -> dict:
     return {"models": result, "equal": equal}
 
 
+STALE_WORK_SECONDS = 6 * 3600
+"""Age past which a build's work folder is an abandoned one (a build killed before it could clean up)."""
+
+
+def remove_stale_work(parent: Path, now: float | None = None) -> list[Path]:
+    """Delete the work folders (``specdec-kernels-*``, sources and objects, ~1 GB) of builds killed before they
+    could clean up, older than :data:`STALE_WORK_SECONDS` (a build in progress elsewhere is younger). Returns them."""
+    now = time.time() if now is None else now
+    stale = [d for d in parent.glob("specdec-kernels-*") if d.is_dir() and now - d.stat().st_mtime > STALE_WORK_SECONDS]
+    for d in stale:
+        shutil.rmtree(d, ignore_errors=True)
+    return stale
+
+
 def build(models: list[Path], jobs: int = 2, log_path: Path | None = None, say=print) -> Path:
     """Download, patch, compile and verify the kernels; move them into :func:`build_dir` when verified.
 
@@ -255,13 +269,14 @@ def build(models: list[Path], jobs: int = 2, log_path: Path | None = None, say=p
                            "qwen2.5-coder-1.5b-instruct, or --model PATH")
     final = build_dir()
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_work(final.parent)
     log_path = log_path or final.with_name(final.name + ".log")
     started = time.monotonic()
     with open(log_path, "w") as log, tempfile.TemporaryDirectory(prefix="specdec-kernels-", dir=final.parent) as tmp:
         work = Path(tmp)
         say(f"downloading and patching ik-llama-cpp-python {IK_VERSION} (log: {log_path})")
         src = fetch_sources(work, log)
-        say(f"compiling with {jobs} jobs (6-7 minutes on 2 cores)")
+        say(f"compiling with {jobs} jobs (4-7 minutes on 2 cores)")
         staged = work / "lib"
         compile_library(src, staged, jobs, log)
         say("verifying against the wheel: " + ", ".join(m.name for m in models))

@@ -12,7 +12,7 @@ def add_parser(sub) -> None:
     k = sub.add_parser("kernels", help="build ik_llama.cpp kernels that score one token without padding and "
                                        "batch sequences under exact numerics (exact numerics at plain speed)")
     k.add_argument("--build", action="store_true",
-                   help="download the pinned ik_llama.cpp sources, patch, compile (6-7 min on 2 cores), verify "
+                   help="download the pinned ik_llama.cpp sources, patch, compile (4-7 min on 2 cores), verify "
                         "bitwise against the wheel, and install into the cache")
     k.add_argument("--verify", action="store_true",
                    help="verify the installed build on --model (other GGUF file types) and record the result")
