@@ -91,13 +91,21 @@ class IkExactBackend(IkLlamaCppBackend):
     """ik_llama.cpp with batch-invariant scoring (see the module docstring): one context per sequence,
     every call at least two tokens and two logit rows.
 
-    Takes :class:`IkLlamaCppBackend`'s arguments. ``n_cells`` bounds the contexts (``n_cells // n_ctx`` of
-    them, at most ``n_seq_max``; default one per sequence id): more sequence ids than contexts is fine as
-    long as no more sequences than contexts hold tokens at once (a call for one more raises
-    :class:`~specdec.backends.base.CacheFullError`; a prefix copy into it returns False). ``side_prefill``
-    is ignored: no sequence ever attends over another's.
+    Takes :class:`IkLlamaCppBackend`'s arguments, and ``one_row_exact``: None (default) trusts the library's
+    one-row kernels for the GGUF file types its build was verified on, True for any (verifying a new build), False
+    never (the padded reference). Paged (see the module docstring): one context of ``n_cells`` (default
+    ``n_ctx * n_seq_max``) plus two pages a sequence, ``n_seq_max`` sequences at once, ``side_prefill`` as in
+    :class:`IkLlamaCppBackend`. Otherwise a context per sequence: ``n_cells`` bounds the contexts (``n_cells //
+    n_ctx`` of them, at most ``n_seq_max``; default one per sequence id): more sequence ids than contexts is fine
+    as long as no more sequences than contexts hold tokens at once (a call for one more raises
+    :class:`~specdec.backends.base.CacheFullError`; a prefix copy into it returns False); ``side_prefill`` is
+    ignored there: no sequence ever attends over another's.
 
     Attributes:
+        paged: Whether every sequence lives in pages of one shared context and a step's sequences share one
+            forward pass (the library is specdec's build with ``specdec_kv_paged``, its one-row kernels trusted
+            for this model, and ``SPECDEC_IK_PAGED`` is not ``0``).
+        compactions: (paged) times the pages in use were moved down to make room (``specdec_kv_compact``).
         n_contexts: The most contexts this backend creates (the first at load, the others on demand).
         pads_one_token: Whether a one-token call is padded to two rows: True with the wheel's library, False
             with a build of exact one-row kernels (:mod:`specdec.backends.ik_build`, ``specdec kernels
