@@ -130,10 +130,12 @@ class IkExactBackend(IkLlamaCppBackend):
         # unpadded only on a build verified for this kind of GGUF (its quantization types' kernels), or where the
         # caller says the build's mark is to be trusted (verifying a new build: specdec.backends.ik_build.score)
         lib = self._lib
-        exact = self._one_row_exact
-        exact = self.file_type in getattr(lib, "one_row_file_types", ()) if exact is None else exact and lib.one_row_exact
+        if self._one_row_exact is None:
+            exact = self.file_type in lib.one_row_file_types
+        else:
+            exact = self._one_row_exact and lib.one_row_exact
         self.pads_one_token = not exact
-        self.paged = exact and getattr(lib, "paged_kv", False) and not self.recurrent \
+        self.paged = exact and lib.paged_kv and not self.recurrent \
             and os.environ.get(PAGED_ENV) != "0"
         if self.paged:
             self._open_paged(n_cells, side_prefill)
