@@ -293,11 +293,12 @@ class Engine:
         return self.admit(self.encode_prompt(prompt, chat=chat), params, spec, proposer=proposer)
 
     def admit(self, prompt_ids: list[int], params: SamplingParams | None = None, spec: SpecConfig | None = None,
-              proposer: Proposer | None = None, cache_salt: str = "") -> Request:
+              proposer: Proposer | None = None, cache_salt: str = "", label: str = "") -> Request:
         """:meth:`new_request` for prompt ids already validated by :meth:`encode_prompt` (the scheduler's
         admission: the server validated them when the request arrived). ``cache_salt``: the request copies
         cached prefixes only from requests of the same salt, and only they copy from it (a server gives each
-        tenant its own; :class:`~specdec.backends.prefix.PrefixCache`).
+        tenant its own; :class:`~specdec.backends.prefix.PrefixCache`). ``label``: the request's name in the
+        proposer's log lines (``--explain``; a server passes its response id).
 
         Raises:
             ValueError: for settings the engine cannot run (see :func:`specdec.request.new_request`).
@@ -313,7 +314,7 @@ class Engine:
         context = ProposerContext(drafts=self.drafts, vocab_size=self.info.vocab_size, cost=self.cost,
                                   suffix_cache=self.suffix_cache, cache_salt=cache_salt,
                                   free_sequences=lambda: target.free_sequences if trees else 0,
-                                  padded_steps=getattr(target, "pads_one_token", False))
+                                  padded_steps=getattr(target, "pads_one_token", False), label=label)
         return new_request(self.info, self.target, prompt_ids, params, spec, context, proposer)
 
     def step(self, requests: Sequence[Request], prefill_chunk: int | None = None):

@@ -78,6 +78,7 @@ class Job:
         request: The running :class:`Request`, once admitted.
         cache_salt: Prefix-cache salt: the request shares cached prefixes only with requests of the same
             salt (:class:`~specdec.backends.prefix.PrefixCache`).
+        label: The request's name in logs (the server's response id and choice; ``--explain``); "" if none.
     """
 
     prompt_ids: list[int]
@@ -89,6 +90,7 @@ class Job:
     request: Request | None = None
     t_last: float | None = None  # time of the previous chunk with tokens
     cache_salt: str = ""
+    label: str = ""
 
 
 class Scheduler:
@@ -162,7 +164,7 @@ class Scheduler:
 
         Args:
             items: ``(prompt_ids, params, spec, emit)`` tuples, or ``(prompt_ids, params, spec, emit,
-                cache_salt)``; prompts must already be validated (:meth:`Engine.encode_prompt`), and so
+                cache_salt)``, or ``(prompt_ids, params, spec, emit, cache_salt, label)`` (:class:`Job`); prompts must already be validated (:meth:`Engine.encode_prompt`), and so
                 must ``spec`` (:meth:`Engine.check_spec`).
 
         Returns:
@@ -172,8 +174,8 @@ class Scheduler:
             QueueFullError: when the free slots plus the waiting room cannot take them all.
             SchedulerClosedError: while draining, after :meth:`close`, or after the thread died.
         """
-        jobs = [Job(list(p), params, spec, emit, cache_salt=salt[0] if salt else "")
-                for p, params, spec, emit, *salt in items]
+        jobs = [Job(list(p), params, spec, emit, cache_salt=rest[0] if rest else "", label=rest[1] if rest[1:] else "")
+                for p, params, spec, emit, *rest in items]
         with self._cond:
             if self.error is not None:
                 raise SchedulerClosedError(f"the server cannot take requests: {self.error}")
@@ -301,7 +303,8 @@ class Scheduler:
 
     def _admit(self, job: Job) -> None:
         try:
-            job.request = self.engine.admit(job.prompt_ids, job.params, job.spec, cache_salt=job.cache_salt)
+            job.request = self.engine.admit(job.prompt_ids, job.params, job.spec, cache_salt=job.cache_salt,
+                                            label=job.label)
         except ValueError as e:
             self._emit(job, RequestError(str(e)))
             return

@@ -210,14 +210,11 @@ def probe_choice(seconds, load: Load):
     prompt, context = copy_context()
     p = AutoProposer(cost_model=cost)
     p.prepare(prompt)
-    p.index.sync(context)
-    match, order = p.index.lookup(16)
+    offers = p.offers(context, 16, GREEDY, np.random.default_rng(0), load)
     plain = cost.plain(True, load)
-    best = cost.best_k(p.estimates.accept("ngram", order, len(match), load), lambda j: 0.0, True, load=load)
+    best = cost.best_k(offers["ngram"].accept, lambda j: 0.0, True, load=load)
     best = type(best)("ngram", best.k, best.tokens, best.seconds)
-    from specdec.proposers import EMPTY_PROPOSAL
-
-    probe = p._probe(best, p._offers(match, order, 16, EMPTY_PROPOSAL, {}, True, load), True, plain, load=load)
+    probe = p._probe(best, offers, True, plain, load=load)
     return probe, plain, PROBE_COST
 
 

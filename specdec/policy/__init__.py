@@ -13,6 +13,8 @@ tokens per second.
   calibration);
 - :mod:`~specdec.policy.sources`: the sources a request composes (n-gram lookup, suffix decoding, each draft
   model), the base of both policies;
+- :mod:`~specdec.policy.source`: the :class:`~specdec.policy.source.Source` protocol ``auto`` prices them
+  through: each source looks at the context, offers its drafts (estimates, cost) and makes the chosen ones;
 - :mod:`~specdec.policy.auto`: ``auto``, the choice among them by predicted rate, its probes and its bound;
 - :mod:`~specdec.policy.tree`: the token tree a suffix path may grow when its branches pay;
 - :mod:`~specdec.policy.hybrid`: ``hybrid``, the short rule by acceptance alone;

@@ -16,6 +16,7 @@ import numpy as np
 
 from specdec.backends.cache import SequenceCache
 from specdec.params import SamplingParams, SpecConfig
+from specdec.policy.acceptance import expected_tokens
 from specdec.policy.cost import CostModel
 from specdec.policy.pricing import Choice
 from specdec.types import ALONE, Load
@@ -58,13 +59,23 @@ class HybridProposer(Sources):
             return EMPTY_PROPOSAL
         match, order, catchup = self.lookup(context, k)
         choice = self.choose(match, order, k)
-        self.log_choice(choice, order, catchup, params.greedy, load)
+        self._log(choice, order, catchup, params.greedy, load)
         if choice.source == "ngram":
             return Proposal(tokens=match[: choice.k], kind=f"ngram{order}")
         if choice.source in self.drafts:
             p = self.drafts[choice.source].propose(context, choice.k, params, draws, kind=choice.source)
             return dataclasses.replace(p, expected=math.nan) if p.tokens else p
         return EMPTY_PROPOSAL
+
+    def _log(self, choice: Choice, order: int, catchup: dict[str, int], greedy: bool, load: Load) -> None:
+        """The step's prediction (at the estimates of its kind, without slow start or calibration) in the log."""
+        if choice.source is None or not choice.k:
+            self.log_choice(choice, 1.0, 0.0, greedy, load)
+            return
+        tokens = float(expected_tokens(self.estimates.accept(choice.source, order, choice.k, load))[-1])
+        drafter = choice.source if choice.source in self.drafts else None
+        seconds = self.cost.draft_seconds(choice.k, catchup[drafter], greedy, drafter=drafter) if drafter else 0.0
+        self.log_choice(choice, tokens, seconds, greedy, load)
 
     def choose(self, match: list[int], order: int, k: int) -> Choice:
         """The rule: the n-gram match while its first position is estimated at :data:`RULE_THRESHOLD` or

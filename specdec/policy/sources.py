@@ -16,13 +16,13 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from specdec.policy.acceptance import AcceptanceStats, expected_tokens
+from specdec.policy.acceptance import AcceptanceStats
 from specdec.policy.cost import CostModel
 from specdec.policy.pricing import Choice
 from specdec.types import ALONE, Load
 from specdec.policy.estimates import RequestEstimates
 from specdec.policy.schedule import PredictionLog
-from specdec.proposers.base import EMPTY_PROPOSAL, Outcome, Proposal
+from specdec.proposers.base import Outcome
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.ngram import NgramIndex
 from specdec.proposers.prediction import PredictionIndex
@@ -87,19 +87,13 @@ class Sources:
         match, order = self.index.lookup(k)
         return match, order, {kind: d.catchup(context) for kind, d in self.drafts.items()}
 
-    def log_choice(self, choice: Choice, order: int, catchup: dict[str, int], greedy: bool, load: Load = ALONE,
-                   suffix: Proposal = EMPTY_PROPOSAL) -> None:
-        """Add the step's prediction (non-optimistic sizes, in the call's ``load``) to the request's log."""
-        cm, tokens, b = self.cost, 1.0, load.tokens
-        if choice.tree_tokens:  # a tree: its estimate, priced at its size
-            tokens = choice.tokens
-        elif choice.source == "suffix" and choice.k:
-            tokens = float(expected_tokens(self.estimates.suffix_accept(suffix, load)[: choice.k])[-1])
-        elif choice.source is not None and choice.k:
-            tokens = float(expected_tokens(self.estimates.accept(choice.source, order, choice.k, load))[-1])
-        drafter = choice.source if choice.source in self.drafts else None
-        prop = cm.draft_seconds(choice.k, catchup[drafter], greedy, drafter=drafter) if drafter else 0.0
-        seconds = prop + cm.step_seconds(b + choice.k + 1 + choice.tree_tokens, greedy)
+    def log_choice(self, choice: Choice, tokens: float, draft_seconds: float, greedy: bool,
+                   load: Load = ALONE) -> None:
+        """Add the step's prediction to the request's log: ``tokens`` committed (E(k), eq. (1), at the
+        non-optimistic estimates; 1 for a plain step) in ``draft_seconds`` (``D(k)``) plus the target call of
+        its size in the call's ``load``."""
+        cm, b = self.cost, load.tokens
+        seconds = draft_seconds + cm.step_seconds(b + choice.k + 1 + choice.tree_tokens, greedy)
         self.log.add(Choice(choice.source, choice.k, tokens, seconds, choice.probe), cm.step_seconds(b + 1, greedy))
 
     def observe(self, outcome: Outcome) -> None:

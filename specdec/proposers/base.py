@@ -206,6 +206,7 @@ class ProposerContext:
             request carry it (:class:`~specdec.backends.cache.SequenceCache`).
         padded_steps: The target scores a one-token step as two rows anyway (exact numerics pad it,
             :mod:`specdec.backends.ik_exact`): a one-token draft in the second row costs nothing.
+        label: The request's name in log lines (``--explain``: a server's response id and choice); "" if none.
     """
 
     drafts: "tuple[Backend, ...]"
@@ -215,6 +216,7 @@ class ProposerContext:
     free_sequences: Callable[[], int] = lambda: 0
     cache_salt: str = ""
     padded_steps: bool = False
+    label: str = ""
 
     @property
     def draft(self) -> "Backend | None":

@@ -207,7 +207,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
                 spec, grammar_field)
 
     async def start(req, raw: Request, prompts: list[list[int]], kwargs: dict, spec, default_max: int | None,
-                    grammar_field: str | None = None):
+                    grammar_field: str | None = None, label: str = ""):
         if len(prompts) * req.n > limits.max_choices:
             raise APIError(400, f"at most {limits.max_choices} choices (prompts x n) per request", param="n")
         items = []
@@ -228,7 +228,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         salt = f"{tenant_of(raw.scope)}:{req.cache_salt or ''}"
         try:
             return serving.Choices(state["scheduler"], items, cache_salt=salt, buffer=config.stream_buffer,
-                                   grammar_field=grammar_field)
+                                   grammar_field=grammar_field, label=label)
         except APIError as e:
             state["metrics"].rejected.labels(reason=e.code or str(e.status)).inc()
             raise
@@ -238,8 +238,9 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         check_request(req)
         kwargs, spec, grammar_field = await admit(req)
         prompts = await asyncio.to_thread(serving.tokenize_completion_prompts, engine, req.prompt)
-        choices = await start(req, raw, prompts, kwargs, spec, default_max=16, grammar_field=grammar_field)
-        head = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": config.model_name}
+        rid = f"cmpl-{secrets.token_hex(12)}"
+        choices = await start(req, raw, prompts, kwargs, spec, default_max=16, grammar_field=grammar_field, label=rid)
+        head = {"id": rid, "created": int(time.time()), "model": config.model_name}
         offsets = [logprobs.TextOffsets() for _ in choices.jobs]
         prov = provenance.wanted(req)
 
@@ -259,21 +260,24 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
                      for i, r in enumerate(results)],
         )
 
-    async def start_chat(req: ChatCompletionRequest, raw: Request) -> serving.ChatRun:
+    async def start_chat(req: ChatCompletionRequest, raw: Request, label: str = "") -> serving.ChatRun:
         """Check, render and submit a chat request: Chat Completions' own, or the one a Responses request
-        translates to (:mod:`specdec.server.responses`). Raises APIError (4xx, 429, 503)."""
+        translates to (:mod:`specdec.server.responses`), named ``label`` (its response id) in log lines.
+        Raises APIError (4xx, 429, 503)."""
         check_request(req)
         tools = await asyncio.to_thread(serving.tool_plan, req)  # schemas checked: off the event loop
         kwargs, spec, grammar_field = await admit(req, tools)
         prompts = [await asyncio.to_thread(serving.tokenize_chat, engine, req.messages, tools)]
-        choices = await start(req, raw, prompts, kwargs, spec, default_max=None, grammar_field=grammar_field)
+        choices = await start(req, raw, prompts, kwargs, spec, default_max=None, grammar_field=grammar_field,
+                              label=label)
         return serving.ChatRun(choices, prompts, spec, tools)
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS)
     async def chat_completions(req: ChatCompletionRequest, raw: Request):
-        run = await start_chat(req, raw)
+        rid = f"chatcmpl-{secrets.token_hex(12)}"
+        run = await start_chat(req, raw, rid)
         choices, prompts, spec, tools = run.choices, run.prompts, run.spec, run.tools
-        head = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": config.model_name}
+        head = {"id": rid, "created": int(time.time()), "model": config.model_name}
         prov = provenance.wanted(req)
         calls = tools is not None and tools.calls  # the answers are parsed for tool calls
         parsers = [ToolCallStream(names=tools.names) for _ in choices.jobs] if calls else None

@@ -167,13 +167,14 @@ def finished(head: dict, answer: AnswerItems, result: GenerationResult, run: ser
         speculative=serving.speculative_stats(run.spec, [result]))
 
 
-def add_routes(app: FastAPI, start_chat: Callable[[ChatCompletionRequest, Request], Awaitable[serving.ChatRun]],
+def add_routes(app: FastAPI, start_chat: Callable[[ChatCompletionRequest, Request, str], Awaitable[serving.ChatRun]],
                collect: Callable[[serving.Choices, Request], Awaitable[list[GenerationResult]]], model_name: str,
                store: ResponseStore) -> None:
     """Serve the Responses API on ``app``.
 
     Args:
-        start_chat: Checks, renders and submits a chat request (raises :class:`APIError`).
+        start_chat: Checks, renders and submits a chat request named by the response's id (raises
+            :class:`APIError`).
         collect: Waits for a run's results (raises :class:`APIError`; the client leaving cancels them).
         model_name: The served model's name, as responses give it.
         store: Where responses with ``store`` are kept.
@@ -189,11 +190,12 @@ def add_routes(app: FastAPI, start_chat: Callable[[ChatCompletionRequest, Reques
                 raise _not_found(req.previous_response_id, "previous_response_id", "previous_response_not_found")
             previous = stored.items
         turn = translate(req, previous)
+        rid = f"resp_{secrets.token_hex(24)}"
         try:
-            run = await start_chat(turn.chat, raw)
+            run = await start_chat(turn.chat, raw, rid)
         except APIError as e:
             raise turn.error(e) from None
-        head = {"id": f"resp_{secrets.token_hex(24)}", "created_at": int(time.time()), "model": model_name,
+        head = {"id": rid, "created_at": int(time.time()), "model": model_name,
                 **turn.echo}
 
         def keep(response: ResponseObject, answer: AnswerItems) -> None:

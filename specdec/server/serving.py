@@ -538,13 +538,15 @@ class Choices:
             queue ends with a :class:`StreamOverflowError`, instead of growing without bound.
         grammar_field: The request's field that gave its grammar (``response_format``, ``tools``, ...): an
             error the grammar raises while generating names it.
+        label: The response's id: each job's name in log lines (``serve --explain``), with ``/i`` for
+            choice ``i`` when there are several.
 
     Raises:
         APIError: 429 when the queue is full, 503 while the server shuts down.
     """
 
     def __init__(self, scheduler, items: list[tuple[list[int], SamplingParams, SpecConfig]], cache_salt: str = "",
-                 buffer: int = 4096, grammar_field: str | None = None):
+                 buffer: int = 4096, grammar_field: str | None = None, label: str = ""):
         self.grammar_field = grammar_field  # the request field a GrammarError found while generating names
         loop = asyncio.get_running_loop()
         self.events: asyncio.Queue[tuple[int, StreamChunk | BaseException]] = asyncio.Queue()
@@ -564,7 +566,8 @@ class Choices:
 
         self.scheduler = scheduler
         try:
-            self.jobs = scheduler.submit_many([(p, s, spec, emitter(i), cache_salt)
+            names = [label if len(items) == 1 else f"{label}/{i}" for i in range(len(items))] if label else [""] * len(items)
+            self.jobs = scheduler.submit_many([(p, s, spec, emitter(i), cache_salt, names[i])
                                                for i, (p, s, spec) in enumerate(items)])
         except QueueFullError as e:
             raise APIError(429, str(e), code="queue_full") from None

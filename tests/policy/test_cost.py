@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from fake_proposers import ScriptedDrafter
 from reference_ngram import find_ngram_continuation
 
 from specdec.policy.acceptance import AcceptanceStats, expected_tokens
 from specdec.policy.cost import CostModel, TimingTable
 from specdec.backends.cache import SequenceCache
 from specdec.engine import Engine
-from specdec.policy.auto import DRAFT_MARGIN as HybridDraftMargin
+from specdec.policy.source import DRAFT_MARGIN as HybridDraftMargin
 from specdec.policy.auto import AutoProposer
 from specdec.policy.hybrid import HybridProposer
 from specdec.policy.schedule import ProbeSchedule
@@ -95,11 +96,13 @@ def test_a_plain_step_measured_far_above_a_larger_call_is_measured_again():
     cost = CostModel()
     cost.observe_target(1, 2.6, True)
     p = AutoProposer(cost_model=cost)
-    assert p.choose([5, 6], 2, 8, {}, True).source == "ngram"  # plain priced at 2.6 s: anything drafts
+    context = [5, 6, 7, 5, 6]  # "5 6" seen before: the n-gram source offers "7 5 6"
+    offers = p.offers(context, 8, GREEDY, np.random.default_rng(0))
+    assert p.choose(offers, True).source == "ngram"  # plain priced at 2.6 s: anything drafts
     v = cost.version
     cost.observe_target(3, 0.12, True)
     assert cost.target[True].count[1] == 0 and cost.version > v  # forgotten: estimated from S(3) until measured
-    assert p.choose([5, 6], 2, 8, {}, True).source is None  # so the next step is plain, and measures it
+    assert p.choose(offers, True).source is None  # so the next step is plain, and measures it
     cost.observe_target(1, 0.10, True)
     assert cost.step_seconds(1, True) == pytest.approx(0.10)
     for _ in range(4):
@@ -328,18 +331,23 @@ def test_the_priced_curve_follows_moves_of_more_than_the_tolerance_only():
 
 def test_a_drafter_that_cannot_pay_is_priced_once_while_nothing_changes(monkeypatch):
     cost = FrozenCost(cpu_seconds, draft_seconds=0.030)
-    p = AutoProposer(draft=None, cost_model=cost)
-    p.drafts = {"draft": object()}  # a drafter the policy prices but never runs (it cannot pay here)
+    drafter = ScriptedDrafter([], miss=1)  # a drafter the policy prices but never runs (it cannot pay here)
+    p = AutoProposer(draft=drafter, cost_model=cost)
     priced = []
     real = cost.best_k
     monkeypatch.setattr(cost, "best_k", lambda accept, *a, **kw: priced.append(len(accept)) or real(accept, *a, **kw))
+    context = [1, 2, 3]  # no n-gram match: the drafter is the only source
+
+    def choose(catchup):
+        drafter.catchup = lambda context: catchup
+        return p.choose(p.offers(context, 8, GREEDY, np.random.default_rng(0)), True)
+
     for catchup in (3, 4, 5):  # a growing catch-up only makes the draft dearer
-        choice = p.choose([], 0, 8, {"draft": catchup}, True)
-        assert choice.source is None
+        assert choose(catchup).source is None
     assert len(priced) == 1
     cost.observe_target = CostModel.observe_target.__get__(cost)
     cost.observe_target(2, 0.5, True)  # the curve moves: priced again
-    p.choose([], 0, 8, {"draft": 5}, True)
+    choose(5)
     assert len(priced) == 2
-    p.choose([], 0, 8, {"draft": 2}, True)  # less catch-up than when it was ruled out: priced again
+    choose(2)  # less catch-up than when it was ruled out: priced again
     assert len(priced) == 3

@@ -41,7 +41,7 @@ def test_no_guess_before_s1_is_measured():
     assert not p.propose(CONTEXT, 4, GREEDY, None).tokens
 
 
-def plain_choice(self, match, order, k, catchup, greedy, suffix=None, load=ALONE):
+def plain_choice(self, offers, greedy, load=ALONE):
     return self.cost.plain(greedy, load)
 
 

@@ -1,5 +1,7 @@
 """The OpenAI-compatible server on loopback, driven by the official ``openai`` client (tiny models)."""
 
+import logging
+import re
 import threading
 import time
 
@@ -125,6 +127,19 @@ def test_eight_concurrent_requests_equal_solo(engine, client):
     texts = [o.choices[0].message.content if i % 2 == 0 else "".join(c.choices[0].delta.content or "" for c in o)
              for i, o in enumerate(out)]
     assert texts == solo
+
+
+def test_explain_lines_name_their_request_by_the_response_id(client, caplog):
+    """``serve --explain``: ``auto``'s line for each step names the request by its response's id (``/i`` for
+    choice ``i`` of several), so concurrent requests' lines can be told apart."""
+    auto = {"speculative": {"method": "auto"}}
+    with caplog.at_level(logging.DEBUG, logger="specdec.policy.auto"):
+        one = chat(client, PROMPTS[0], extra_body=auto)
+        two = chat(client, PROMPTS[1], n=2, temperature=0.8, seed=3, extra_body=auto)
+    lines = [r.getMessage() for r in caplog.records if r.name == "specdec.policy.auto"]
+    names = [m.group(1) for line in lines if (m := re.match(r"auto (\S+) @\d+", line))]
+    assert len(names) == len(lines) > 0  # every line names its request
+    assert set(names) == {one.id, f"{two.id}/0", f"{two.id}/1"}, set(names)
 
 
 @pytest.mark.parametrize("method,k", [("none", 0), ("ngram", 3), ("draft", 2), ("suffix", 5)])
