@@ -26,7 +26,7 @@ from specdec.backends.cache import SequenceCache
 from specdec.params import SamplingParams, SpecConfig
 from specdec.policy.acceptance import expected_tokens
 from specdec.policy.cost import CostModel
-from specdec.policy.pricing import Choice
+from specdec.policy.pricing import Choice, gain
 from specdec.policy.schedule import PROBE_COST, ProbeSchedule
 from specdec.policy.source import DrafterSource, NgramSource, Offer, PredictionSource, Source, SuffixSource
 from specdec.policy.sources import Sources
@@ -48,11 +48,18 @@ TREE_ALTERNATIVES = 3
 """Most alternative candidates ``auto`` adds to a suffix path in one call (also bounded by the target's free
 KV sequences and ``SpecConfig.suffix_alternatives`` when that is larger)."""
 
+BET_MARGIN = 0.0
+"""A speculative option is taken only when it beats a plain step by this much of the request's own plain rate
+(:func:`~specdec.policy.pricing.gain`): estimates of the option that looks best run high (the winner's curse), and
+on a CPU where a second scored row costs ~25% of a step a bet priced a few percent above plain loses more often
+than it wins."""
+
 GUESS_ORDER = (PREDICTION, "ngram", "suffix")
 """The free sources asked, in this order, for the padding row's free guess (:meth:`AutoProposer.free_guess`)."""
 
 
 class AutoProposer(Sources):
+
     """``auto``: the sources of :class:`~specdec.policy.sources.Sources`, each behind the
     :class:`~specdec.policy.source.Source` protocol, chosen by the cost model each step.
 
@@ -85,6 +92,7 @@ class AutoProposer(Sources):
         self.probe = ProbeSchedule()
         self.tree = tree
         self.padded_steps = padded_steps
+        self.bet_margin = BET_MARGIN
         self.label = label
         self._plain_steps = 0  # steps priced plain (with padded_steps: see PLAIN_EVERY)
         self._free_sequences = free_sequences
@@ -195,14 +203,17 @@ class AutoProposer(Sources):
             return self._because(probe, "a probe: refresh the best option's acceptance after plain steps") if probe \
                 else self._because(plain, "no option can beat plain; no probe fits its budget")
         best = self._best(offers, greedy, self._drafters(offers, greedy, plain, load), load)
+        lost = "plain beats every option"
         if best is not None and best.rate > plain.rate:
-            self.probe.speculating()
-            return self._because(best, f"the best option: {best.rate / plain.rate:.2f}x plain's rate")
+            if gain(best, plain) > self.bet_margin:
+                self.probe.speculating()
+                return self._because(best, f"the best option: {best.rate / plain.rate:.2f}x plain's rate")
+            lost = f"the best option, {best.rate / plain.rate:.2f}x plain's rate, is within the bet margin"
         if best is not None and self.probe.should_probe(share):
             probe = self._probe(best, offers, greedy, plain, load)
             return self._because(probe, "a probe: refresh the best option's acceptance after plain steps") if probe \
-                else self._because(plain, "plain beats every option; no probe fits its budget")
-        return self._because(plain, "plain beats every option" if best is not None else "nothing to draft from")
+                else self._because(plain, f"{lost}; no probe fits its budget")
+        return self._because(plain, lost if best is not None else "nothing to draft from")
 
     def _because(self, choice: Choice, reason: str) -> Choice:
         """``choice``, with ``reason`` kept as :attr:`reason` (for :meth:`explain`)."""

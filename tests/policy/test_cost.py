@@ -351,3 +351,19 @@ def test_a_drafter_that_cannot_pay_is_priced_once_while_nothing_changes(monkeypa
     assert len(priced) == 2
     choose(2)  # less catch-up than when it was ruled out: priced again
     assert len(priced) == 3
+
+
+def test_a_bet_within_the_margin_stays_plain():
+    """``BET_MARGIN``: a speculative option must beat a plain step by that share of the plain rate; one priced a
+    few percent above plain is not taken (the estimates of the option that looks best run high), one well above
+    is. Here S(2) = 1.25 S(1): a one-token bet at alpha 0.35 is 1.08x plain's rate, at 0.6 1.28x."""
+    from specdec.policy.source import Offer
+
+    cost = FrozenCost(lambda n: 0.100 + 0.025 * (n - 1))
+    p = AutoProposer(cost_model=cost)
+    near, clear = {"ngram": Offer("ngram", np.array([0.35]))}, {"ngram": Offer("ngram", np.array([0.6]))}
+    p.bet_margin = 0.0
+    assert p.choose(near, True).source == "ngram"
+    p.bet_margin = 0.10
+    assert p.choose(near, True).source is None and "1.08x plain's rate, is within the bet margin" in p.reason
+    assert p.choose(clear, True).source == "ngram" and p.choose(clear, True).k == 1
