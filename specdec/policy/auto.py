@@ -213,7 +213,9 @@ class AutoProposer(Sources):
             probe = self._probe(best, offers, greedy, plain, load)
             return self._because(probe, "a probe: refresh the best option's acceptance after plain steps") if probe \
                 else self._because(plain, f"{lost}; no probe fits its budget")
-        return self._because(plain, lost if best is not None else "nothing to draft from")
+        if best is None:
+            lost = "nothing to draft from that could pay" if offers else "nothing to draft from"
+        return self._because(plain, lost)
 
     def _because(self, choice: Choice, reason: str) -> Choice:
         """``choice``, with ``reason`` kept as :attr:`reason` (for :meth:`explain`)."""
@@ -222,8 +224,8 @@ class AutoProposer(Sources):
 
     def _drafters(self, offers: dict[str, Offer], greedy: bool, plain: Choice, load: Load) -> list[str]:
         """The drafters worth pricing: those that could pay with every draft accepted
-        (:meth:`DrafterSource.could_pay`, at their :attr:`Offer.cost`; that none can is the usual verdict on a
-        CPU)."""
+        (:meth:`~specdec.policy.source.Source.could_pay`, at their :attr:`Offer.cost`; that none can is the usual
+        verdict on a CPU)."""
         return [name for name, offer in offers.items()
                 if offer.drafter and self.sources[name].could_pay(offer, greedy, plain, load)]
 
@@ -257,14 +259,15 @@ class AutoProposer(Sources):
         if math.isnan(plain.seconds):
             return f"{where}: plain ({self.reason})"
 
-        def fmt(c: Choice, name: str) -> str:
-            return (f"{name}{f' k={c.k}' if c.k else ''}{f' +{c.tree_tokens} tree' if c.tree_tokens else ''} "
+        def fmt(c: Choice, name: str) -> str:  # (each source's chain: a tree shows in the choice)
+            return (f"{name}{f' k={c.k}' if c.k else ''} "
                     f"{c.tokens + c.others:.2f} tok / {1e3 * c.seconds:.1f} ms = {c.rate:.1f} tok/s")
 
         options = [fmt(plain, "plain")] + [fmt(c, self.sources[c.source].kind)
                                            for c in self._options(offers, greedy, list(self.drafts), load)]
         if choice.source is not None:
-            chosen = f"{self.sources[choice.source].kind} k={choice.k}" + (" (probe)" if choice.probe else "")
+            chosen = (f"{self.sources[choice.source].kind} k={choice.k}"
+                      + (f" +{choice.tree_tokens} tree" if choice.tree_tokens else "") + (" (probe)" if choice.probe else ""))
         elif proposal.tokens:
             chosen = f"plain, with a free {proposal.kind} guess in the padding row"
         else:

@@ -47,7 +47,8 @@ class RequestEstimates:
         return self._stats[kind]
 
     def slow_start_cap(self, source: str) -> int:
-        """Most drafts ``auto`` may propose now from a source (a drafter's kind, ``"ngram"``, ``"suffix"``):
+        """Most drafts ``auto`` may propose now from a source (a drafter's kind, ``"ngram"``, ``"suffix"``,
+        ``"prediction"``):
         :data:`START_K` at first in a request, doubling each time a block is accepted whole (slow start).
         Estimates for positions this request has not reached come from other requests; a long block on their
         word alone can cost a dozen plain steps on a CPU, so k grows only as this text earns it."""
@@ -63,7 +64,8 @@ class RequestEstimates:
     def accept(self, source: str, order: int, available: int, load: Load = ALONE,
                calibrated: bool = True) -> np.ndarray:
         """``[min(available, cap)] float64`` conditional acceptance estimates of ``source`` (``"ngram"``,
-        whose kind is ``ngram{order}``, ``"suffix"`` or a drafter's kind), capped by :meth:`slow_start_cap`; with
+        whose kind is ``ngram{order}``, ``"suffix"``, ``"prediction"`` or a drafter's kind), capped by
+        :meth:`slow_start_cap`; with
         ``calibrated`` in a call shared under ``load`` (:meth:`shared`), scaled by what the engine's choices
         of that kind earned."""
         kind = kind_of(source, order)

@@ -9,6 +9,8 @@ Free sources (their drafts cost nothing to propose): n-gram lookup of the contex
 client's predicted output (:class:`PredictionSource`), suffix decoding over earlier outputs
 (:class:`SuffixSource`, whose path may grow into a token tree). Drafters: each draft model
 (:class:`DrafterSource`), whose drafts cost ``D(k)`` seconds (:meth:`~specdec.policy.cost.CostModel.draft_seconds`).
+A new free source that should also fill the padding row's free guess is named in
+:data:`~specdec.policy.auto.GUESS_ORDER` too.
 """
 
 from __future__ import annotations
@@ -92,17 +94,24 @@ class Source(Protocol):
         """This step's :class:`Offer`, or None when it has nothing to draft."""
 
     def reach(self, accept: np.ndarray) -> tuple[float, int]:
-        """``(p, x)`` for ``auto``'s bound (:meth:`~specdec.policy.auto.AutoProposer._out_of_reach`): at most
-        ``x`` more scored tokens, each accepted with probability at most ``p``."""
+        """``(p, x)`` for ``auto``'s bound (:meth:`~specdec.policy.auto.AutoProposer._out_of_reach`): its option
+        scores at most ``x`` more tokens, each of which is committed (reached and accepted) with probability at
+        most ``p`` (for a chain ``alpha_1``: reaching any later draft takes the first)."""
+
+    def could_pay(self, offer: Offer, greedy: bool, plain: Choice, load: Load) -> bool:
+        """Whether its offer is worth pricing at all: True for a free source; a drafter says whether it could
+        beat plain decoding with every draft accepted (:meth:`DrafterSource.could_pay`)."""
 
     def grow(self, best: Choice, cost: CostModel, greedy: bool, load: Load) -> Choice:
         """``best`` (this source's priced chain) grown where more candidates pay (a token tree), or itself."""
 
     def proposal(self, choice: Choice, context: Sequence[int], params: SamplingParams, draws: Draws) -> Proposal:
-        """The drafts of ``choice`` (``choice.k`` of them; a drafter may stop early)."""
+        """The drafts of ``choice``: ``choice.k`` tokens (a drafter may stop early), with the alternative
+        candidates of a tree when :meth:`grow` grew one (``choice.tree_tokens > 0``)."""
 
     def guess(self) -> Proposal:
-        """Its first draft alone, for a plain step's padding row (free sources), or the empty proposal."""
+        """Its first draft alone, for a plain step's padding row, or the empty proposal (a drafter's drafts are
+        not free). ``auto`` asks the free sources named in :data:`~specdec.policy.auto.GUESS_ORDER`, in order."""
 
 
 class FreeSource:
@@ -127,6 +136,9 @@ class FreeSource:
 
     def reach(self, accept: np.ndarray) -> tuple[float, int]:
         return float(accept[0]), len(accept)
+
+    def could_pay(self, offer: Offer, greedy: bool, plain: Choice, load: Load) -> bool:
+        return True
 
     def grow(self, best: Choice, cost: CostModel, greedy: bool, load: Load) -> Choice:
         return best

@@ -344,6 +344,7 @@ def test_a_drafter_that_cannot_pay_is_priced_once_while_nothing_changes(monkeypa
 
     for catchup in (3, 4, 5):  # a growing catch-up only makes the draft dearer
         assert choose(catchup).source is None
+        assert p.reason == "nothing to draft from that could pay"  # (--explain: not "nothing to draft from")
     assert len(priced) == 1
     cost.observe_target = CostModel.observe_target.__get__(cost)
     cost.observe_target(2, 0.5, True)  # the curve moves: priced again
