@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Iterator
 
 from specdec.backends.cpu import check_threads
-from specdec.cli.top_tokens import write_top_tokens
+from specdec.cli.top_tokens import check_top_tokens, write_top_tokens
 from specdec.stats import acceptance_rate
 
 QUANT_TYPES = ("Q4_0", "Q3_K_S", "Q3_K_M", "Q2_K")
@@ -75,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("say what to make: --quantize, --layers and/or --top-tokens")
     if args.threads:  # 0: all cores
         check_threads(args.threads, "--threads")
+    if args.top_tokens is not None:  # a bad N is refused from the header, before minutes of quantizing
+        check_top_tokens(src, args.top_tokens)
     with _atomic(out) as tmp, tempfile.TemporaryDirectory(prefix=".make-draft-", dir=out.parent) as work:
         step = src
         if args.quantize or args.layers:  # into the output, or first into a step before the vocabulary is cut

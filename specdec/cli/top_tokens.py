@@ -127,15 +127,13 @@ def count_tokens(vocab, corpus: Sequence[str | Path], n_vocab: int) -> np.ndarra
     return counts
 
 
-def write_top_tokens(src: Path, dst: Path, n: int, corpus: Sequence[str | Path] = ()) -> None:
-    """Write ``src`` with a vocabulary of its ``n`` most frequent tokens (module docstring) to ``dst``.
+def _source_fields(src: Path):
+    """``(reader, arch, tokens, types, special)`` of a GGUF model with a tokenizer (header only: memory-mapped).
 
     Raises:
-        ValueError: a file that is not a GGUF model with a tokenizer and one-row-per-token vocabulary tensors,
-            ``n`` out of range (:func:`kept_tokens`), an unreadable corpus file, or a source that is itself a
-            cut vocabulary.
+        ValueError: a file that is not a GGUF model with a tokenizer, or one whose vocabulary is already cut.
     """
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+    from gguf import GGUFReader
 
     try:
         reader = GGUFReader(src)
@@ -148,6 +146,32 @@ def write_top_tokens(src: Path, dst: Path, n: int, corpus: Sequence[str | Path] 
         raise ValueError(f"{src} already has a cut vocabulary; cut the model it was made from")
     special = {k: int(f.contents()) for k, f in reader.fields.items()
                if k.startswith("tokenizer.ggml.") and k.endswith("_token_id")}
+    return reader, arch, tokens, types, special
+
+
+def check_top_tokens(src: Path, n: int) -> None:
+    """Refuse a bad ``n`` for ``src`` from its header alone (milliseconds), before any quantization or vocabulary
+    load: the same bounds as :func:`kept_tokens` with the tokens the metadata names kept (the end-of-generation
+    ones found later can only raise the lower bound by a few).
+
+    Raises:
+        ValueError: as :func:`_source_fields`, or an ``n`` out of bounds.
+    """
+    _, _, _, types, special = _source_fields(src)
+    kept_tokens(types, n, list(special.values()))
+
+
+def write_top_tokens(src: Path, dst: Path, n: int, corpus: Sequence[str | Path] = ()) -> None:
+    """Write ``src`` with a vocabulary of its ``n`` most frequent tokens (module docstring) to ``dst``.
+
+    Raises:
+        ValueError: a file that is not a GGUF model with a tokenizer and one-row-per-token vocabulary tensors,
+            ``n`` out of range (:func:`kept_tokens`), an unreadable corpus file, or a source that is itself a
+            cut vocabulary.
+    """
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    reader, arch, tokens, types, special = _source_fields(src)
     with source_vocab(src) as vocab:
         counts = count_tokens(vocab, corpus, len(tokens)) if corpus else None
         always = [*special.values(), *eog_tokens(vocab, len(tokens))]

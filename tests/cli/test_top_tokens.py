@@ -114,3 +114,19 @@ def test_bad_sources_one_line(tmp_path, tiny_target_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "already has a cut vocabulary" in err and err.count("\n") == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf", "cut.gguf"]
+
+
+def test_a_bad_top_tokens_is_refused_before_any_quantizing(tmp_path, tiny_target_path, capsys, monkeypatch):
+    """A bad N is found from the source's header, not after minutes of ``--quantize`` or a vocabulary load."""
+    from specdec.cli import make_draft
+
+    def never(*a, **kw):
+        raise AssertionError("quantized before the top-tokens check")
+
+    monkeypatch.setattr(make_draft, "quantize", never)
+    monkeypatch.setattr(make_draft, "write_top_tokens", never)
+    assert main(["make-draft", str(tiny_target_path), str(tmp_path / "d.gguf"), "--quantize", "Q4_0",
+                 "--top-tokens", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "between 3" in err[0], err
+    assert not list(tmp_path.iterdir())
