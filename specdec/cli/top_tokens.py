@@ -169,7 +169,7 @@ def write_top_tokens(src: Path, dst: Path, n: int, corpus: Sequence[str | Path] 
             ``n`` out of range (:func:`kept_tokens`), an unreadable corpus file, or a source that is itself a
             cut vocabulary.
     """
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+    from gguf import GGUFValueType, GGUFWriter
 
     reader, arch, tokens, types, special = _source_fields(src)
     with source_vocab(src) as vocab:

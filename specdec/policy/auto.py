@@ -169,11 +169,10 @@ class AutoProposer(Sources):
     def _log(self, choice: Choice, offers: dict[str, Offer], greedy: bool, load: Load) -> None:
         """The step's prediction (at the offer's estimates and draft cost) in the request's log."""
         if choice.source is None or not choice.k:
-            self.log_choice(choice, 1.0, 0.0, greedy, load)
-            return
+            return self.log_choice(choice, greedy, load)
         offer = offers[choice.source]
         tokens = choice.tokens if choice.tree_tokens else float(expected_tokens(offer.accept[: choice.k])[-1])
-        self.log_choice(choice, tokens, float(offer.cost(choice.k)), greedy, load)
+        self.log_choice(choice, greedy, load, tokens, float(offer.cost(choice.k)))
 
     def choose(self, offers: dict[str, Offer], greedy: bool, load: Load = ALONE) -> Choice:
         """The step's choice: the best option when it beats a plain step, a probe when one is due, else plain;

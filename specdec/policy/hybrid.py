@@ -70,12 +70,11 @@ class HybridProposer(Sources):
     def _log(self, choice: Choice, order: int, catchup: dict[str, int], greedy: bool, load: Load) -> None:
         """The step's prediction (at the estimates of its kind, without slow start or calibration) in the log."""
         if choice.source is None or not choice.k:
-            self.log_choice(choice, 1.0, 0.0, greedy, load)
-            return
+            return self.log_choice(choice, greedy, load)
         tokens = float(expected_tokens(self.estimates.accept(choice.source, order, choice.k, load))[-1])
         drafter = choice.source if choice.source in self.drafts else None
         seconds = self.cost.draft_seconds(choice.k, catchup[drafter], greedy, drafter=drafter) if drafter else 0.0
-        self.log_choice(choice, tokens, seconds, greedy, load)
+        self.log_choice(choice, greedy, load, tokens, seconds)
 
     def choose(self, match: list[int], order: int, k: int) -> Choice:
         """The rule: the n-gram match while its first position is estimated at :data:`RULE_THRESHOLD` or

@@ -114,25 +114,15 @@ class Source(Protocol):
         not free). ``auto`` asks the free sources named in :data:`~specdec.policy.auto.GUESS_ORDER`, in order."""
 
 
-class FreeSource:
-    """What the free sources share: no draft cost, a chain whose bound is its first estimate, no tree."""
+class Chain:
+    """What every source has unless it says otherwise: its kind is its name, it offers one chain whose bound is
+    its first estimate and which grows no tree, it is worth pricing, and it has no free guess."""
 
-    free = True
     name = ""
-    tokens: list[int] = []
-
-    def __init__(self, estimates: RequestEstimates):
-        self.estimates = estimates
 
     @property
     def kind(self) -> str:
         return self.name
-
-    def accept(self, load: Load = ALONE, calibrated: bool = True) -> np.ndarray:
-        return self.estimates.accept(self.name, 0, len(self.tokens), load, calibrated)
-
-    def offer(self, greedy: bool, load: Load) -> Offer | None:
-        return Offer(self.name, self.accept(load)) if self.tokens else None
 
     def reach(self, accept: np.ndarray) -> tuple[float, int]:
         return float(accept[0]), len(accept)
@@ -142,6 +132,25 @@ class FreeSource:
 
     def grow(self, best: Choice, cost: CostModel, greedy: bool, load: Load) -> Choice:
         return best
+
+    def guess(self) -> Proposal:
+        return EMPTY_PROPOSAL
+
+
+class FreeSource(Chain):
+    """What the free sources share: no draft cost, drafts at hand (:attr:`tokens`, found by ``look``)."""
+
+    free = True
+    tokens: list[int] = []
+
+    def __init__(self, estimates: RequestEstimates):
+        self.estimates = estimates
+
+    def accept(self, load: Load = ALONE, calibrated: bool = True) -> np.ndarray:
+        return self.estimates.accept(self.name, 0, len(self.tokens), load, calibrated)
+
+    def offer(self, greedy: bool, load: Load) -> Offer | None:
+        return Offer(self.name, self.accept(load)) if self.tokens else None
 
     def proposal(self, choice: Choice, context: Sequence[int], params: SamplingParams, draws: Draws) -> Proposal:
         return Proposal(tokens=self.tokens[: choice.k], kind=self.kind)
@@ -248,7 +257,7 @@ class SuffixSource(FreeSource):
                                    alternatives=(), expected=math.nan)
 
 
-class DrafterSource:
+class DrafterSource(Chain):
     """A draft model (:class:`~specdec.proposers.draft_model.DraftModelProposer`, prefilled lazily), timed and
     scored on its own under its kind (``draft``, ``draft:<name>``): its drafts cost ``D(k)``, its catch-up on the
     context it has not seen amortized over the steps ahead (paid in full by a probe).
@@ -267,10 +276,6 @@ class DrafterSource:
         self.k, self.catchup = 0, 0
         self._no_pay: tuple | None = None  # (conditions, catch-up) of its last "cannot pay" (see could_pay)
 
-    @property
-    def kind(self) -> str:
-        return self.name
-
     def look(self, context: Sequence[int], k: int, params: SamplingParams, draws: Draws) -> None:
         self.k, self.catchup = k, self.drafter.catchup(context)
 
@@ -282,12 +287,6 @@ class DrafterSource:
         return Offer(kind, self.accept(load), drafter=True,
                      cost=lambda j: cm.draft_seconds(j, up, greedy, drafter=kind),
                      probe_cost=lambda j: cm.draft_seconds(j, up, greedy, horizon=1, drafter=kind))
-
-    def reach(self, accept: np.ndarray) -> tuple[float, int]:
-        return float(accept[0]), len(accept)
-
-    def grow(self, best: Choice, cost: CostModel, greedy: bool, load: Load) -> Choice:
-        return best
 
     def could_pay(self, offer: Offer, greedy: bool, plain: Choice, load: Load) -> bool:
         """Whether it could beat plain decoding by :data:`DRAFT_MARGIN` with every draft accepted. A "no" is
@@ -309,6 +308,3 @@ class DrafterSource:
 
     def proposal(self, choice: Choice, context: Sequence[int], params: SamplingParams, draws: Draws) -> Proposal:
         return self.drafter.propose(context, choice.k, params, draws, kind=self.name)
-
-    def guess(self) -> Proposal:
-        return EMPTY_PROPOSAL

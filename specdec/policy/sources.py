@@ -87,11 +87,11 @@ class Sources:
         match, order = self.index.lookup(k)
         return match, order, {kind: d.catchup(context) for kind, d in self.drafts.items()}
 
-    def log_choice(self, choice: Choice, tokens: float, draft_seconds: float, greedy: bool,
-                   load: Load = ALONE) -> None:
+    def log_choice(self, choice: Choice, greedy: bool, load: Load = ALONE, tokens: float = 1.0,
+                   draft_seconds: float = 0.0) -> None:
         """Add the step's prediction to the request's log: ``tokens`` committed (E(k), eq. (1), at the
-        non-optimistic estimates; 1 for a plain step) in ``draft_seconds`` (``D(k)``) plus the target call of
-        its size in the call's ``load``."""
+        non-optimistic estimates; a plain step's defaults: 1 token, no draft) in ``draft_seconds`` (``D(k)``)
+        plus the target call of its size in the call's ``load``."""
         cm, b = self.cost, load.tokens
         seconds = draft_seconds + cm.step_seconds(b + choice.k + 1 + choice.tree_tokens, greedy)
         self.log.add(Choice(choice.source, choice.k, tokens, seconds, choice.probe), cm.step_seconds(b + 1, greedy))
